@@ -1,0 +1,189 @@
+"""The model against the real reference: transformers' ModernBertForMaskedLM, random tiny
+configs built here (never downloaded), float32, both directions of conversion."""
+import json
+import os
+
+import pytest
+import torch
+
+import detour
+
+transformers = pytest.importorskip("transformers")
+
+SPECIAL = dict(pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4)
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, local_attention=16, max_position_embeddings=256, **SPECIAL)
+    base.update(kw)
+    return detour.Config(**base)
+
+
+def hf_model(c, impl):
+    hc = transformers.ModernBertConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        local_attention=c.local_attention, global_attn_every_n_layers=c.global_attn_every_n_layers,
+        global_rope_theta=c.global_rope_theta, local_rope_theta=c.local_rope_theta,
+        max_position_embeddings=c.max_position_embeddings, pad_token_id=c.pad_token_id,
+        cls_token_id=c.cls_token_id, sep_token_id=c.sep_token_id, bos_token_id=c.cls_token_id,
+        eos_token_id=c.sep_token_id, attn_implementation=impl)
+    torch.manual_seed(0)
+    return transformers.ModernBertForMaskedLM(hc).eval()
+
+
+def batch(c, B=3, T=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(5, c.vocab_size, (B, T), generator=g)
+    am = torch.ones(B, T, dtype=torch.long)
+    if B >= 3:
+        am[1, T - 7:] = 0  # padding present
+        am[2, T - 1:] = 0
+    idx[am == 0] = c.pad_token_id
+    return idx, am
+
+
+def max_err(a, b, am):
+    return (a - b)[am.bool()].abs().max().item()  # real tokens only: pad outputs are unspecified
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_hf_to_ours_logits_match(impl, tmp_path):
+    c = tiny_config()
+    ref = hf_model(c, impl)
+    ref.save_pretrained(tmp_path)
+    ours = detour.load_hf(str(tmp_path)).eval()
+    idx, am = batch(c)
+    with torch.no_grad():
+        want = ref(input_ids=idx, attention_mask=am).logits
+        got, _ = ours(idx, attention_mask=am)
+    assert max_err(got, want, am) < 1e-4
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_ours_to_hf_logits_match(impl, tmp_path):
+    c = tiny_config(num_hidden_layers=5, global_attn_every_n_layers=2, local_attention=8)
+    torch.manual_seed(1)
+    ours = detour.ModernBERT(c).eval()
+    with torch.no_grad():  # non-trivial norms and bias so every parameter matters
+        for n, p in ours.named_parameters():
+            if "norm" in n or "bias" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    detour.save_hf(ours, str(tmp_path))
+    ref = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path), attn_implementation=impl).eval()
+    idx, am = batch(c, T=33, seed=1)
+    with torch.no_grad():
+        want = ref(input_ids=idx, attention_mask=am).logits
+        got, _ = ours(idx, attention_mask=am)
+    assert max_err(got, want, am) < 1e-4
+
+
+def test_state_dict_names_equal_hf():
+    c = tiny_config()
+    ours = set(detour.ModernBERT(c).state_dict())
+    theirs = set(hf_model(c, "sdpa").state_dict())
+    assert ours == theirs
+
+
+def test_load_newer_config_form(tmp_path):
+    """config.json with layer_types / rope_parameters (transformers v5 save_pretrained)."""
+    c = tiny_config(global_rope_theta=5000.0, local_rope_theta=777.0)
+    ref = hf_model(c, "sdpa")
+    ref.save_pretrained(tmp_path)
+    d = json.load(open(tmp_path / "config.json"))
+    assert "layer_types" in d and "rope_parameters" in d
+    ours = detour.load_hf(str(tmp_path))
+    assert ours.config.layer_types == d["layer_types"]
+    assert ours.config.local_rope_theta == 777.0 and ours.config.global_rope_theta == 5000.0
+
+
+def test_load_older_config_form(tmp_path):
+    """The released answerdotai config.json form: global/local_rope_theta, every_n."""
+    c = tiny_config(num_hidden_layers=4, global_attn_every_n_layers=2, global_rope_theta=4000.0)
+    ours = detour.ModernBERT(c)
+    detour.save_hf(ours, str(tmp_path))
+    d = json.load(open(tmp_path / "config.json"))
+    for k in ("layer_types", "rope_parameters"):
+        d.pop(k)
+    d.update(global_rope_theta=4000.0, local_rope_theta=10000.0, global_attn_every_n_layers=2)
+    json.dump(d, open(tmp_path / "config.json", "w"))
+    back = detour.load_hf(str(tmp_path))
+    assert back.config.layer_types == ["full_attention", "sliding_attention"] * 2
+    assert back.config.global_rope_theta == 4000.0
+    idx, am = batch(c)
+    with torch.no_grad():
+        assert torch.equal(back.eval()(idx, attention_mask=am)[0], ours.eval()(idx, attention_mask=am)[0])
+
+
+def test_causal_flag_hides_the_future():
+    c = tiny_config()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).eval()
+    idx, _ = batch(c, B=1, T=48)
+    with torch.no_grad():
+        for t in (0, 10, 30, 46):
+            changed = idx.clone()
+            changed[0, t + 1:] = torch.randint(5, c.vocab_size, (47 - t,))
+            a, _ = m(idx, causal=True)
+            b, _ = m(changed, causal=True)
+            assert torch.allclose(a[0, :t + 1], b[0, :t + 1], atol=1e-6), t  # past untouched
+            a, _ = m(idx, causal=False)
+            b, _ = m(changed, causal=False)
+            assert not torch.allclose(a[0, :t + 1], b[0, :t + 1], atol=1e-4), t  # bidirectional sees it
+
+
+def test_local_window_is_64_each_side_and_causal_64_before():
+    """With one local layer only, a token's output depends on exactly the window."""
+    c = tiny_config(num_hidden_layers=1, global_attn_every_n_layers=2, layer_types=["sliding_attention"],
+                    local_attention=8)
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).eval()
+    idx, _ = batch(c, B=1, T=30)
+    t = 15
+    for causal, seen in ((False, range(11, 20)), (True, range(11, 16))):
+        for j in range(30):
+            changed = idx.clone()
+            changed[0, j] = 5 + (idx[0, j] - 5 + 1) % (c.vocab_size - 5)
+            with torch.no_grad():
+                diff = (m(idx, causal=causal)[0][0, t] - m(changed, causal=causal)[0][0, t]).abs().max()
+            assert (diff > 1e-6) == (j in seen), (causal, j)
+
+
+def test_documents_do_not_see_each_other():
+    c = tiny_config()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).eval()
+    g = torch.Generator().manual_seed(3)
+    doc1, doc2 = torch.randint(5, 101, (1, 20), generator=g), torch.randint(5, 101, (1, 15), generator=g)
+    doc2b = torch.randint(5, 101, (1, 15), generator=g)
+    sep = torch.tensor([[c.sep_token_id]])
+    packed = torch.cat([doc1, sep, doc2], 1)
+    packed_b = torch.cat([doc1, sep, doc2b], 1)
+    ids = detour.document_ids(packed, c.sep_token_id)
+    with torch.no_grad():
+        for causal in (False, True):
+            a = m(packed, causal=causal, doc_ids=ids)[0][0, :21]
+            b = m(packed_b, causal=causal, doc_ids=ids)[0][0, :21]
+            alone = m(torch.cat([doc1, sep], 1), causal=causal)[0][0]
+            assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a, alone, atol=1e-4)
+            # without the document mask the first document does see the second
+            a = m(packed, causal=False)[0][0, :21]
+            b = m(packed_b, causal=False)[0][0, :21]
+            assert not torch.allclose(a, b, atol=1e-4)
+
+
+def test_sparse_head_matches_dense_logits():
+    c = tiny_config()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).eval()
+    idx, _ = batch(c, B=2, T=20)
+    targets = torch.full_like(idx, detour.IGNORE)
+    targets[0, 3], targets[1, 7] = 9, 11
+    with torch.no_grad():
+        dense, _ = m(idx)
+        sparse, loss = m(idx, targets=targets)
+    assert sparse.shape == (2, c.vocab_size)
+    assert torch.allclose(sparse, torch.stack([dense[0, 3], dense[1, 7]]), atol=1e-5)
+    want = torch.nn.functional.cross_entropy(torch.stack([dense[0, 3], dense[1, 7]]), torch.tensor([9, 11]))
+    assert abs(loss.item() - want.item()) < 1e-5
