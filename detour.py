@@ -50,6 +50,7 @@ batch_size = 16            # micro-batch, sequences per rank per forward
 global_batch_size = 32     # sequences per optimizer step over all ranks (paper: 384)
 max_tokens = 2_000_000     # Phase-1 budget in tokens (paper: billions)
 decay_ratio = 0.10         # decay length as a fraction of Phase-1 tokens
+decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 tokens
 data_seed = 42             # data order seed (paper: 42)
 seed = 17                  # model init / masking seed (paper: 17)
 # optimizer (decoupled AdamW)
@@ -71,6 +72,10 @@ eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 10
 ckpt_interval = 200        # steps between checkpoints (also written at the end)
 progress = True            # tqdm bar
+
+# The constants above, as the run's configuration (the command line overrides a copy).
+DEFAULTS = {k: v for k, v in dict(globals()).items()
+            if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
 
 PRESETS = {
     # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
@@ -108,7 +113,7 @@ def _convert(key, text, default):
 def apply_overrides(namespace, argv, prog="detour.py"):
     """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors."""
     known = {k for k, v in namespace.items()
-             if not k.startswith("_") and isinstance(v, (bool, int, float, str)) and k.islower()}
+             if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
     i, changed = 0, {}
     while i < len(argv):
         arg = argv[i]
@@ -478,3 +483,416 @@ def document_ids(idx, sep_token_id):
     token's id counts the [SEP]s strictly before it."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
+
+
+# ----------------------------------------------------------------------------------------
+# Data: a packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...) cut into windows.
+# The order is a pure function of (data_seed, sample index): the CLM and MLM twins see the
+# same windows in the same order, a resumed run continues exactly, and 1 or N ranks with
+# the same global batch see the same rows.
+# ----------------------------------------------------------------------------------------
+def load_data(data_dir, split):
+    meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
+    for p in (meta_path, bin_path):
+        if not os.path.exists(p):
+            raise SystemExit(f"error: {p} not found; run `python data/prepare.py` (or set --data_dir)")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    if os.path.getsize(bin_path) == 0:
+        raise SystemExit(f"error: {bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
+    return meta, np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
+
+
+class Windows:
+    """Non-overlapping windows of seq_len + 1 tokens (the +1 gives the last CLM target),
+    visited in a fresh permutation every epoch."""
+
+    def __init__(self, data, seq_len, data_seed):
+        self.data, self.T, self.seed = data, seq_len, data_seed
+        self.n = (len(data) - 1) // seq_len
+        if self.n < 1:
+            raise SystemExit(f"error: {len(data)} tokens cannot fill one window of seq_len={seq_len}; "
+                             "prepare more data or lower --seq_len")
+        self._epoch, self._perm = None, None
+
+    def rows(self, first_sample, count):
+        out = np.empty((count, self.T + 1), dtype=np.int64)
+        for r in range(count):
+            epoch, pos = divmod(first_sample + r, self.n)
+            if epoch != self._epoch:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g).numpy()
+            start = int(self._perm[pos]) * self.T
+            out[r] = self.data[start:start + self.T + 1]
+        return torch.from_numpy(out)
+
+
+def clm_batch(buf, sep_id):
+    """Causal LM: predict the next token at every position, except across a document
+    boundary (a [SEP] predicts nothing: the next document is unrelated)."""
+    x, y = buf[:, :-1], buf[:, 1:].clone()
+    y[x == sep_id] = IGNORE
+    return x, y
+
+
+def mlm_batch(buf, rate, gen, config, n_real_vocab):
+    """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept);
+    loss only there. Unlike FlexBERT, special tokens are never chosen nor used as random
+    replacements, and every document in the window gets at least one prediction."""
+    x = buf[:, :-1]
+    special = torch.isin(x, torch.tensor(config.special_ids))
+    score = torch.rand(x.shape, generator=gen)
+    score[special] = 2.0
+    chosen = score < rate
+    key = (torch.arange(x.size(0))[:, None] * x.size(1) + document_ids(x, config.sep_token_id)).reshape(-1)
+    doc_min = torch.full((x.numel(),), 2.0).scatter_reduce(0, key, score.reshape(-1), "amin")
+    chosen |= (score == doc_min[key].view_as(score)) & ~special
+    y = torch.where(chosen, x, IGNORE)
+    action = torch.rand(x.shape, generator=gen)
+    normal = torch.tensor(sorted(set(range(n_real_vocab)) - set(config.special_ids)))
+    random_tok = normal[torch.randint(len(normal), x.shape, generator=gen)]
+    x = torch.where(chosen & (action < 0.8), config.mask_token_id, x)
+    x = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tok, x)
+    return x, y
+
+
+def make_batch(cfg, buf, config, n_real_vocab, sample):
+    """(inputs, targets, causal) for the run's phase; masks depend only on (seed, sample)."""
+    if cfg.phase == "clm":
+        x, y = clm_batch(buf, config.sep_token_id)
+        return x, y, True
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
+    rate = cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate
+    x, y = mlm_batch(buf, rate, gen, config, n_real_vocab)
+    return x, y, False
+
+
+# ----------------------------------------------------------------------------------------
+# Optimizer and schedule
+# ----------------------------------------------------------------------------------------
+def make_optimizer(model, cfg, fused=False):
+    """AdamW with the paper's *fully decoupled* weight decay. FlexBERT applies
+    p *= 1 - (lr_t / peak_lr) * wd; torch's AdamW applies p *= 1 - lr_t * wd_torch, so
+    wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05). Biases and norms are not decayed."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay / cfg.learning_rate},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=fused or None)
+
+
+def lr_at(cfg, tokens, total):
+    """Phase 1: linear warmup then constant. Decay: 1 - sqrt from peak to min_lr_ratio x peak."""
+    peak = cfg.learning_rate
+    if cfg.phase == "decay":
+        progress = min(tokens / max(total, 1), 1.0)
+        return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - math.sqrt(progress)))
+    return peak * min(1.0, tokens / max(cfg.warmup_tokens, 1))  # tokens *after* this step: never 0
+
+
+def parse_layers(spec, n_layers):
+    """'0-7' or '0-3,10' -> sorted layer indices."""
+    out = set()
+    for part in filter(None, spec.replace(" ", "").split(",")):
+        try:
+            a, _, b = part.partition("-")
+            out.update(range(int(a), int(b or a) + 1))
+        except ValueError:
+            raise SystemExit(f"error: --freeze_layers {spec!r} is not like '0-7' or '0-3,10'")
+    if out and max(out) >= n_layers:
+        raise SystemExit(f"error: --freeze_layers {spec!r} names layer {max(out)}, the model has {n_layers}")
+    return sorted(out)
+
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints: written to a temp file, fsynced, renamed; a crash mid-write keeps the last one.
+# ----------------------------------------------------------------------------------------
+def save_checkpoint(path, model, optimizer, cfg, state):
+    model = getattr(model, "_orig_mod", model)  # never save torch.compile's prefixed names
+    ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), model_args=asdict(model.config),
+                config=vars(cfg), torch_rng=torch.get_rng_state(), **state)
+    _atomic_write(path, lambda f: torch.save(ckpt, f))
+
+
+def load_checkpoint(directory):
+    path = os.path.join(directory, "ckpt.pt")
+    if not os.path.exists(path):
+        raise SystemExit(f"error: no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise SystemExit(f"error: {path} is unreadable ({type(e).__name__}); restore it or retrain")
+
+
+def build_model(cfg, meta):
+    """Returns (model, checkpoint or None) for cfg.init_from."""
+    ckpt = None
+    if cfg.init_from == "scratch":
+        vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
+        config = Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len),
+                        **PRESETS[cfg.preset], **{k: meta[k] for k in
+                                                  ("pad_token_id", "cls_token_id", "sep_token_id",
+                                                   "mask_token_id", "unk_token_id")})
+        model = ModernBERT(config)
+    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or cfg.phase == "decay":
+        ckpt = load_checkpoint(cfg.init_from)
+        model = ModernBERT(Config(**ckpt["model_args"]))
+        model.load_state_dict(ckpt["model"])
+    else:
+        model = load_hf(cfg.init_from)
+    c = model.config
+    if meta["vocab_size"] > c.vocab_size:
+        raise SystemExit(f"error: data vocab ({meta['vocab_size']}) is larger than the model's ({c.vocab_size}); "
+                         "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
+    for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
+        if meta.get(k) != getattr(c, k):
+            raise SystemExit(f"error: data {k}={meta.get(k)} but model {k}={getattr(c, k)}; "
+                             "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
+    if cfg.seq_len > c.max_position_embeddings:
+        raise SystemExit(f"error: --seq_len {cfg.seq_len} exceeds max_position_embeddings "
+                         f"{c.max_position_embeddings}; lower --seq_len")
+    return model, ckpt
+
+
+# ----------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------
+def resolve_out_dir(cfg):
+    if cfg.out_dir:
+        return cfg.out_dir
+    if cfg.phase == "decay" and cfg.init_from == "resume":
+        raise SystemExit("error: to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+    if cfg.phase == "decay":
+        return cfg.init_from.rstrip("/") + "-decay"
+    return os.path.join("out", cfg.phase)
+
+
+def setup_distributed(cfg):
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through torchrun's own flags."""
+    if cfg.device == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        dev = cfg.device
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1, torch.device(dev)
+    import torch.distributed as dist
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(local)
+        dev = f"cuda:{local}"
+    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo")
+    return rank, world, torch.device(dev)
+
+
+@torch.no_grad()
+def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp):
+    """Loss of the phase's objective on a fixed set of validation windows (the same every
+    time, masks seeded by the window index), averaged over all ranks."""
+    model.eval()
+    n = max(1, min(val.n, cfg.eval_tokens // cfg.seq_len))
+    total, count = torch.zeros(2), 0
+    for first in range(rank * cfg.batch_size, n, world * cfg.batch_size):
+        k = min(cfg.batch_size, n - first)
+        buf = torch.from_numpy(np.stack([val.data[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].astype(np.int64)
+                                         for i in range(first, first + k)]))
+        x, y, causal = make_batch(cfg, buf, config, n_real_vocab, sample=10**9 + first)
+        doc_ids = document_ids(x, config.sep_token_id) if cfg.doc_mask else None
+        with amp:
+            _, loss = model(x.to(cfg._device), y.to(cfg._device), causal=causal,
+                            doc_ids=None if doc_ids is None else doc_ids.to(cfg._device))
+        total += torch.tensor([loss.item() * k, k])
+        count += k
+    if world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+def train(cfg):
+    import signal
+    from contextlib import nullcontext
+    from tqdm import tqdm
+
+    if cfg.phase not in ("clm", "mlm", "decay"):
+        raise SystemExit(f"error: --phase {cfg.phase!r} is unknown; use clm, mlm or decay")
+    if cfg.preset not in PRESETS:
+        raise SystemExit(f"error: --preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
+    if cfg.phase == "decay" and cfg.init_from == "scratch":
+        raise SystemExit("error: --phase decay starts from a Phase-1 checkpoint; pass --init_from out/clm")
+    rank, world, device = setup_distributed(cfg)
+    master = rank == 0
+    cfg.out_dir = resolve_out_dir(cfg)
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    torch.manual_seed(cfg.seed)
+
+    meta, train_data = load_data(cfg.data_dir, "train")
+    _, val_data = load_data(cfg.data_dir, "val")
+    resume = cfg.init_from == "resume"
+    if resume:
+        state = load_checkpoint(cfg.out_dir)
+        model = ModernBERT(Config(**state["model_args"]))
+        model.load_state_dict(state["model"])
+    else:
+        if os.path.exists(ckpt_path) and not cfg.overwrite:
+            raise SystemExit(f"error: {ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
+                             "use --init_from resume to continue it, another --out_dir, or --overwrite true")
+        model, state = build_model(cfg, meta)
+        if cfg.phase == "decay" and state.get("phase") not in ("clm", "mlm"):
+            raise SystemExit(f"error: --phase decay needs a Phase-1 (clm or mlm) checkpoint; "
+                             f"{cfg.init_from} holds phase {state.get('phase')!r}")
+    config = model.config
+    hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
+    if hi >= config.vocab_size or hi >= meta["vocab_size"]:
+        raise SystemExit(f"error: token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
+                         f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
+
+    frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
+    for i in frozen:  # the paper's freeze interventions: these layers keep their weights
+        model.model.layers[i].requires_grad_(False)
+    model.to(device)
+    cfg._device = device
+    optimizer = make_optimizer(model, cfg, fused=device.type == "cuda")
+
+    # Where the run starts: samples already drawn from the stream, tokens done in this phase.
+    step, tokens, sample0 = 0, 0, 0
+    if resume:
+        optimizer.load_state_dict(state["optimizer"])
+        step, tokens, sample0 = state["step"], state["tokens"], state["sample0"]
+        phase1_tokens = state["phase1_tokens"]
+        torch.set_rng_state(state["torch_rng"])
+    elif cfg.phase == "decay":
+        optimizer.load_state_dict(state["optimizer"])  # keep Adam moments; only the schedule resets
+        phase1_tokens = state["tokens"]
+        sample0 = state["sample0"] + state["step"] * state["config"]["global_batch_size"]  # fresh data
+    else:
+        phase1_tokens = 0
+    for group in optimizer.param_groups:  # lr/wd come from this run's schedule, not the checkpoint
+        group["weight_decay"] = cfg.weight_decay / cfg.learning_rate if group["weight_decay"] else 0.0
+
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    if cfg.global_batch_size % (cfg.batch_size * world):
+        raise SystemExit(f"error: global_batch_size {cfg.global_batch_size} is not a multiple of "
+                         f"batch_size x ranks = {cfg.batch_size * world}")
+    accum = cfg.global_batch_size // (cfg.batch_size * world)
+    if cfg.phase == "decay":
+        budget = cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)
+    else:
+        budget = cfg.max_tokens
+    total_steps = max(1, math.ceil(budget / tokens_per_step))
+
+    raw_model = model
+    if cfg.compile:
+        model = torch.compile(model)
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    windows = Windows(train_data, cfg.seq_len, cfg.data_seed)
+    val = Windows(val_data, cfg.seq_len, cfg.data_seed)
+    n_real_vocab = meta["vocab_size"]
+
+    stop = {"signal": None}  # SIGTERM (cluster preemption) / SIGINT: checkpoint, then exit
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _: stop.update(signal=s))
+
+    def checkpoint():
+        if master:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            save_checkpoint(ckpt_path, raw_model, optimizer, cfg,
+                            dict(phase=cfg.phase, step=step, tokens=tokens, sample0=sample0,
+                                 phase1_tokens=phase1_tokens if cfg.phase == "decay" else tokens))
+
+    if master:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        log = open(os.path.join(cfg.out_dir, "log.jsonl"), "a")
+        print(f"detour: phase={cfg.phase} params={raw_model.num_params() / 1e6:.2f}M layers={config.num_hidden_layers} "
+              f"d={config.hidden_size} ranks={world} accum={accum} steps={total_steps} "
+              f"tokens/step={tokens_per_step} frozen={frozen or 'none'} out_dir={cfg.out_dir}")
+    bar = tqdm(total=total_steps, initial=step, disable=not (master and cfg.progress), dynamic_ncols=True)
+    model.train()
+    t0, tok0 = time.time(), tokens
+    while step < total_steps:
+        lr = lr_at(cfg, tokens + tokens_per_step, budget)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros(1)
+        for micro in range(accum):
+            first = sample0 + step * cfg.global_batch_size + (micro * world + rank) * cfg.batch_size
+            x, y, causal = make_batch(cfg, windows.rows(first, cfg.batch_size), config, n_real_vocab, first)
+            doc_ids = document_ids(x, config.sep_token_id).to(device) if cfg.doc_mask else None
+            sync = nullcontext() if world == 1 or micro == accum - 1 else model.no_sync()
+            with sync:
+                with amp:
+                    _, loss = model(x.to(device), y.to(device), causal=causal, doc_ids=doc_ids)
+                (loss / accum).backward()
+            loss_sum += loss.detach().float().cpu() / accum
+        if world > 1:
+            import torch.distributed as dist
+            dist.all_reduce(loss_sum)
+            loss_sum /= world
+        if not math.isfinite(loss_sum.item()):
+            raise SystemExit(f"error: loss is {loss_sum.item()} at step {step}; the last good checkpoint "
+                             f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens += tokens_per_step
+        bar.update(1)
+        record = None
+        if step % cfg.log_interval == 0 or step == total_steps:
+            dt = time.time() - t0
+            record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
+                          tok_per_s=round((tokens - tok0) / max(dt, 1e-9)))
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
+        if step % cfg.eval_interval == 0 or step == total_steps:
+            record = record or dict(step=step, tokens=tokens, lr=lr)
+            record["val_loss"] = round(evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp), 5)
+            bar.write(f"step {step}: val {cfg.phase} loss {record['val_loss']:.4f}") if master else None
+        if record and master:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        if step % cfg.ckpt_interval == 0 or step == total_steps:
+            checkpoint()
+        if stop["signal"] is not None:
+            checkpoint()
+            if master:
+                print(f"detour: stopped by signal {stop['signal']} at step {step}; checkpoint saved. "
+                      f"Continue with --init_from resume --out_dir {cfg.out_dir}")
+            break
+    bar.close()
+    if master and step == total_steps:
+        tok = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
+        save_hf(raw_model, os.path.join(cfg.out_dir, "hf"), tok if os.path.exists(tok) else None)
+        print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return raw_model
+
+
+def main(argv):
+    cfg = dict(DEFAULTS)
+    given = apply_overrides(cfg, argv)
+    if cfg["init_from"] == "resume":  # continue with the saved configuration
+        out = resolve_out_dir(type("C", (), cfg))
+        saved = load_checkpoint(out)["config"]
+        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
+    elif cfg["phase"] == "decay" and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
+        # The decay continues Phase 1: same data, model shape, batch and peak lr unless told otherwise.
+        saved = load_checkpoint(cfg["init_from"])["config"]
+        own = ("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens")
+        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in own},
+               **{k: cfg[k] for k in own}, **given}
+    from types import SimpleNamespace
+    return train(SimpleNamespace(**cfg))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
