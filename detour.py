@@ -80,7 +80,7 @@ DEFAULTS = {k: v for k, v in dict(globals()).items()
 PRESETS = {
     # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
     "tiny": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2),
-    "small": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4),
+    "small": dict(hidden_size=128, intermediate_size=192, num_hidden_layers=6, num_attention_heads=2),
     "base": dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12),
     "large": dict(hidden_size=1024, intermediate_size=2624, num_hidden_layers=28, num_attention_heads=16),
 }
@@ -441,8 +441,8 @@ def config_to_hf(c):
              tie_word_embeddings=True, initializer_cutoff_factor=2.0,
              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.global_rope_theta},
                               "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta}})
-    for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers", "unk_token_id"):
-        d.pop(k)  # newer transformers rejects unknown keys in strict mode; layer_types carries the pattern
+    for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers"):
+        d.pop(k)  # layer_types and rope_parameters carry these (the newer config.json form)
     return d
 
 
@@ -683,7 +683,14 @@ def setup_distributed(cfg):
     if dev.startswith("cuda"):
         torch.cuda.set_device(local)
         dev = f"cuda:{local}"
-    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo")
+    # Namespace the rendezvous keys by torchrun's restart count: after a worker dies and
+    # torchrun --max-restarts restarts the group, stale addresses of the dead group must not be read.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_store)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
+                            store=dist.PrefixStore(f"detour/attempt{attempt}", store))
     return rank, world, torch.device(dev)
 
 
@@ -809,7 +816,12 @@ def train(cfg):
 
     if master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        log = open(os.path.join(cfg.out_dir, "log.jsonl"), "a")
+        log_path = os.path.join(cfg.out_dir, "log.jsonl")
+        if resume and os.path.exists(log_path):  # drop records of steps after the checkpoint (a kill -9)
+            with open(log_path) as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            _atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
+        log = open(log_path, "a")
         print(f"detour: phase={cfg.phase} params={raw_model.num_params() / 1e6:.2f}M layers={config.num_hidden_layers} "
               f"d={config.hidden_size} ranks={world} accum={accum} steps={total_steps} "
               f"tokens/step={tokens_per_step} frozen={frozen or 'none'} out_dir={cfg.out_dir}")
@@ -860,6 +872,11 @@ def train(cfg):
             log.flush()
         if step % cfg.ckpt_interval == 0 or step == total_steps:
             checkpoint()
+        if world > 1:  # stop together: a signal seen by one rank must not leave the others waiting
+            import torch.distributed as dist
+            flag = torch.tensor([0 if stop["signal"] is None else int(stop["signal"])])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop["signal"] = int(flag.item()) or None
         if stop["signal"] is not None:
             checkpoint()
             if master:
@@ -878,10 +895,17 @@ def train(cfg):
 
 
 def main(argv):
+    from types import SimpleNamespace
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if restarted and cfg["init_from"] != "resume":
+        out = resolve_out_dir(SimpleNamespace(**cfg))
+        if os.path.exists(os.path.join(out, "ckpt.pt")):  # torchrun --max-restarts: continue, don't restart
+            given.update(init_from="resume", out_dir=out)
+            cfg.update(given)
     if cfg["init_from"] == "resume":  # continue with the saved configuration
-        out = resolve_out_dir(type("C", (), cfg))
+        out = resolve_out_dir(SimpleNamespace(**cfg))
         saved = load_checkpoint(out)["config"]
         cfg = {**{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
     elif cfg["phase"] == "decay" and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
@@ -890,7 +914,6 @@ def main(argv):
         own = ("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens")
         cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in own},
                **{k: cfg[k] for k in own}, **given}
-    from types import SimpleNamespace
     return train(SimpleNamespace(**cfg))
 
 
