@@ -1,0 +1,978 @@
+"""
+finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
+
+The paper judges the CLM detour by what it does downstream: the detour encoder and its
+MLM-only twin are fine-tuned the same way, on the same tasks, with the same seeds, and
+the scores are compared task by task (mean +- std over seeds) and on average, with a
+paired bootstrap over (task, seed) pairs for the average difference.
+
+  python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
+  python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
+  python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
+  python finetune.py --probe true                      # linear probing: frozen encoder, head only
+
+A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
+`kind+probe` (that task is a linear probe), path a directory with train/dev/test files:
+  ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
+              (train|dev|devel|test).(tsv|txt|conll|iob)
+  the others  JSONL (train|dev|devel|test).jsonl: {"text": ...} or {"text_a": ..., "text_b": ...}
+              and "label": a string (cls), a list of strings (multilabel), a number
+              (regression); optional "group" (a string or list) for per-group accuracy.
+              Or TSV with a header naming sentence|text (and text_b) and label|labels.
+Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
+entity-level micro F1 (conlleval rules); the others are reported too.
+`default` stands for the embedded tasks built from data/world.py into data/tasks/:
+  ner     drug / disease / dose / gene spans in templated sentences
+  notes   which of the note types a clinical note is
+  needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
+          text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
+
+Every constant below can be overridden: `--key value` or `--key=value`. The functions read
+them when called, so Python users (the analysis code) can set `finetune.<name>` instead.
+"""
+import copy
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import detour
+
+# ----------------------------------------------------------------------------------------
+# Defaults. The protocol values are the paper's; the CPU default below shortens them.
+# ----------------------------------------------------------------------------------------
+ckpts = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (README); those that exist
+tasks = "default"          # comma-separated name=kind:path, or `default` (the embedded tasks)
+out_dir = "out/finetune"   # results.md / results.json
+tasks_dir = "data/tasks"   # where the embedded default tasks are written (once)
+pretrain_dir = "data/default"  # its val.txt / meta.json: default-task text seen in pretraining is dropped
+# protocol (paper)
+learning_rate = 5e-5       # peak lr, AdamW
+weight_decay = 0.01        # on weight matrices only (not biases, norms)
+batch_size = 16
+epochs = 10                # cls / multilabel / regression
+ner_epochs = 20            # token classification
+warmup_ratio = 0.10        # linear warmup over 10% of the steps, then linear decay to 0
+seeds = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
+max_len = 512              # longer inputs are truncated (and counted)
+pooling = "mean"           # cls | mean (over real tokens; the released ModernBERT config uses mean)
+dropout = 0.1              # before the linear head
+grad_clip = 1.0            # 0 = off
+pos_weight = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per label) | a number
+# linear probing: the encoder is frozen and only the head trains. Its features are computed
+# once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
+# linear layer alone barely moves at 5e-5 in a few epochs.
+probe = False              # probe every task (a task can also ask for it: kind+probe)
+probe_lr = 1e-3
+probe_epochs = 20
+# CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the
+# small model. On a CPU, unless --epochs/--ner_epochs/--seeds are given, these are used.
+cpu_epochs = 3
+cpu_ner_epochs = 3
+cpu_seeds = 3
+# embedded default tasks (data/world.py with new seeds; pretraining corpus seed is 1234),
+# sized so that the CPU default run of two small checkpoints takes a few minutes
+task_seed = 2025
+ner_sizes = "200,100,200"      # train, dev, test sentences (~17 tokens each)
+notes_sizes = "96,48,96"       # train, dev, test notes (~120 tokens each)
+needle_per_cell = "16,8,16"    # train, dev, test examples per (position, length) cell
+needle_lengths = "56,112,224"  # haystack length in words (~64/128/256 tokens with data/default)
+needle_positions = "start,middle,end"
+rebuild_tasks = False      # rewrite data/tasks even if it is up to date
+# system
+device = "auto"            # auto | cpu | cuda | cuda:N
+dtype = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
+progress = True            # tqdm bars
+bootstrap_samples = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
+
+DEFAULT_TASKS = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
+KINDS = ("cls", "multilabel", "regression", "ner")
+MAIN_METRIC = {"cls": "macro_f1", "multilabel": "micro_f1", "regression": "pearson", "ner": "f1"}
+SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
+IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(msg):
+    raise SystemExit(f"finetune.py: {msg}")
+
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
+# out_dir holding one in hf/.
+# ----------------------------------------------------------------------------------------
+def hf_dir(path):
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    if os.path.exists(os.path.join(path, "hf", "config.json")):
+        return os.path.join(path, "hf")
+    if os.path.exists(os.path.join(path, "ckpt.pt")):
+        fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
+    fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
+
+
+def load_encoder(path):
+    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
+    from tokenizers import Tokenizer
+    d = hf_dir(path)
+    tok_path = os.path.join(d, "tokenizer.json")
+    if not os.path.exists(tok_path):
+        fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
+    model, tokenizer = detour.load_hf(d), Tokenizer.from_file(tok_path)
+    c = model.config
+    if tokenizer.get_vocab_size() > c.vocab_size:
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
+             "wrong tokenizer?")
+    for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
+        if tokenizer.token_to_id(name) != want:
+            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
+                 "wrong tokenizer?")
+    return model, tokenizer
+
+
+# ----------------------------------------------------------------------------------------
+# Readers. Every example remembers its file line so that errors can point at it.
+# ----------------------------------------------------------------------------------------
+def find_split(directory, split, exts):
+    if not os.path.isdir(directory):
+        fail(f"task directory {directory} not found")
+    for name in SPLIT_NAMES[split]:
+        for ext in exts:
+            p = os.path.join(directory, name + ext)
+            if os.path.exists(p):
+                return p
+    names = ", ".join(n + e for n in SPLIT_NAMES[split] for e in exts)
+    fail(f"no {split} split in {directory} (looked for {names})")
+
+
+def read_conll(path):
+    """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
+    sents, cur = [], dict(words=[], tags=[], lines=[])
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("-DOCSTART-"):
+                if cur["words"]:
+                    sents.append(cur)
+                cur = dict(words=[], tags=[], lines=[])
+                continue
+            parts = line.split()
+            if len(parts) < 2:
+                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
+            cur["words"].append(parts[0])
+            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
+            cur["lines"].append(n)
+    if cur["words"]:
+        sents.append(cur)
+    if not sents:
+        fail(f"{path} is empty")
+    return sents
+
+
+def _label(value, kind, where):
+    """A raw label -> str (cls), list of str (multilabel), float (regression)."""
+    if kind == "cls" and isinstance(value, (str, int, bool)):
+        return str(value)
+    if kind == "multilabel" and isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
+        return [str(v) for v in value]
+    if kind == "regression" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    want = {"cls": "a string", "multilabel": "a list of strings", "regression": "a number"}[kind]
+    fail(f"{where}: label should be {want} for a {kind} task, got {value!r}")
+
+
+def read_jsonl(path, kind):
+    """JSONL file -> [dict(text, text_b, label, groups, line)]."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                d = json.loads(raw)
+            except json.JSONDecodeError as e:
+                fail(f"{where}: not valid JSON ({e.msg})")
+            if not isinstance(d, dict):
+                fail(f"{where}: expected a JSON object")
+            if "text" in d:
+                text, text_b = d["text"], None
+            elif "text_a" in d and "text_b" in d:
+                text, text_b = d["text_a"], d["text_b"]
+            else:
+                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
+            if "label" not in d:
+                fail(f"{where}: missing field `label`")
+            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
+                fail(f"{where}: text fields must be strings")
+            groups = d.get("group", [])
+            out.append(dict(text=text, text_b=text_b, label=_label(d["label"], kind, where),
+                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
+    if not out:
+        fail(f"{path} is empty")
+    return out
+
+
+def read_tsv(path, kind):
+    """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
+    `text_b`/`sentence2`), label in `label` or `labels`.
+    Multilabel labels are comma-separated; items written name_0/name_1 (HoC's form) mean
+    absent/present."""
+    with open(path, encoding="utf-8") as f:
+        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
+    if len(rows) < 2:
+        fail(f"{path} is empty (a header and at least one row are needed)")
+    header = rows[0][1]
+    col = lambda *names: next((header.index(x) for x in names if x in header), None)
+    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
+    lab = col("label", "labels", "score")
+    if t is None or lab is None:
+        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
+    out = []
+    for n, cells in rows[1:]:
+        where = f"{path}:{n}"
+        if len(cells) != len(header):
+            fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
+        raw = cells[lab]
+        if kind == "regression":
+            try:
+                label = float(raw)
+            except ValueError:
+                fail(f"{where}: label should be a number, got {raw!r}")
+        elif kind == "multilabel":
+            items = [x.strip() for x in raw.split(",") if x.strip()]
+            if items and all(x[-2:] in ("_0", "_1") for x in items):
+                items = [x[:-2] for x in items if x.endswith("_1")]
+            label = items
+        else:
+            label = raw
+        out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
+                        label=label, groups=[], line=n))
+    return out
+
+
+def read_split(directory, split, kind):
+    if kind == "ner":
+        return find_split(directory, split, (".tsv", ".txt", ".conll", ".iob")), None
+    path = find_split(directory, split, (".jsonl", ".tsv"))
+    return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
+
+
+# ----------------------------------------------------------------------------------------
+# Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
+# each word and ignores the rest, so a word is predicted once, from its first piece.
+# ----------------------------------------------------------------------------------------
+def encode(tokenizer, text, text_b=None):
+    """-> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
+    or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    a = tokenizer.encode(text, add_special_tokens=False).ids
+    b = tokenizer.encode(text_b, add_special_tokens=False).ids if text_b is not None else None
+    room = max_len - (2 if b is None else 3)
+    truncated = len(a) + len(b or []) > room
+    if b is None:
+        return [cls] + a[:room] + [sep], truncated
+    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
+    b = b[:room - len(a)]
+    return [cls] + a + [sep] + b + [sep], truncated
+
+
+def encode_words(tokenizer, words, tag_ids):
+    """Words joined by spaces, tokenized as running text (as in pretraining), each word's
+    first sub-token gets its tag, every other token IGNORE.
+    -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
+    own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
+    text, starts = "", []
+    for w in words:
+        starts.append(len(text) + (1 if text else 0))
+        text += (" " if text else "") + w
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, offsets = enc.ids[:max_len - 2], enc.offsets[:max_len - 2]
+    char_tok = [-1] * len(text)          # the first token that covers each character
+    for t, (s, e) in enumerate(offsets):
+        for ch in range(s, e):
+            if char_tok[ch] < 0:
+                char_tok[ch] = t
+    target, mapped, last = [IGNORE] * len(ids), [], -1
+    for w, (start, tag) in enumerate(zip(starts, tag_ids)):
+        t = next((char_tok[ch] for ch in range(start, start + len(words[w])) if char_tok[ch] >= 0), -1)
+        mapped.append(t > last)
+        if t > last:
+            target[t], last = tag, t
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
+            mapped, len(enc.ids) > max_len - 2)
+
+
+def load_task(name, kind, path, tokenizer, frozen=False):
+    """Read train/dev/test of one task and encode them -> task dict.
+    The label set comes from the training split (sorted); dev/test labels must be in it."""
+    if kind not in KINDS:
+        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    raw = {}
+    for split in ("train", "dev", "test"):
+        file, rows = read_split(path, split, kind)
+        raw[split] = (file, read_conll(file) if kind == "ner" else rows)
+    train = raw["train"][1]
+    if kind == "ner":
+        labels = sorted({t for s in train for t in s["tags"]})
+    elif kind == "multilabel":
+        labels = sorted({x for ex in train for x in ex["label"]})
+    elif kind == "cls":
+        labels = sorted({ex["label"] for ex in train})
+    else:
+        labels = []
+    index = {l: i for i, l in enumerate(labels)}
+    splits, n_trunc = {}, 0
+    for split, (file, rows) in raw.items():
+        out = []
+        for ex in rows:
+            if kind == "ner":
+                for tag, n in zip(ex["tags"], ex["lines"]):
+                    if tag not in index:
+                        fail(f"{file}:{n}: tag {tag!r} does not occur in the training split")
+                ids, target, mapped, cut = encode_words(tokenizer, ex["words"], [index[t] for t in ex["tags"]])
+                out.append(dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]))
+            else:
+                wanted = ex["label"] if kind == "multilabel" else [ex["label"]] if kind == "cls" else []
+                for lab in wanted:
+                    if lab not in index:
+                        fail(f"{file}:{ex['line']}: label {lab!r} does not occur in the training split")
+                if kind == "cls":
+                    y = index[ex["label"]]
+                elif kind == "multilabel":
+                    y = [0.0] * len(labels)
+                    for lab in ex["label"]:
+                        y[index[lab]] = 1.0
+                else:
+                    y = ex["label"]
+                ids, cut = encode(tokenizer, ex["text"], ex["text_b"])
+                out.append(dict(ids=ids, y=y, groups=ex["groups"]))
+            n_trunc += cut
+        splits[split] = out
+    if n_trunc:
+        print(f"{name}: {n_trunc} examples truncated to max_len={max_len} tokens")
+    if kind == "cls" and len(labels) < 2:
+        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
+    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
+
+
+def parse_tasks(spec):
+    """`name=kind[+probe]:path,...` (and `default`) -> [(name, kind, path, probe)]."""
+    out = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item == "default":
+            out += parse_tasks(DEFAULT_TASKS.format(d=tasks_dir))
+            continue
+        name, eq, rest = item.partition("=")
+        kind, colon, path = rest.partition(":")
+        if not (eq and colon and name and path):
+            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), or `default`")
+        kind, _, mode = kind.partition("+")
+        if kind not in KINDS or mode not in ("", "probe"):
+            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(KINDS)}, optionally +probe)")
+        if name == "average" or name in [t[0] for t in out]:
+            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
+        out.append((name, kind, path, mode == "probe"))
+    if not out:
+        fail("no tasks given")
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Metrics, written out so that their definitions are visible.
+# ----------------------------------------------------------------------------------------
+def _f1(tp, fp, fn):
+    return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
+
+
+def cls_metrics(gold, pred):
+    """Accuracy and macro F1 over the labels that occur in gold or prediction (sklearn's default)."""
+    gold, pred = np.asarray(gold), np.asarray(pred)
+    f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
+               np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
+    return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
+
+
+def multilabel_metrics(gold, pred):
+    """gold, pred: (N, L) 0/1. Micro F1 pools all decisions; macro F1 averages per label
+    (a label never gold nor predicted counts 0, as sklearn does)."""
+    gold, pred = np.asarray(gold, bool), np.asarray(pred, bool)
+    tp, fp, fn = (pred & gold).sum(0), (pred & ~gold).sum(0), (~pred & gold).sum(0)
+    return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
+                macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
+
+
+def pearson(x, y):
+    x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
+    denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denom) if denom > 0 else 0.0
+
+
+def ranks(x):
+    """Ranks 1..n, ties get the average of their ranks (as Spearman needs)."""
+    x = np.asarray(x, float)
+    order = np.argsort(x, kind="stable")
+    r = np.empty(len(x))
+    r[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):
+        tie = x == v
+        r[tie] = r[tie].mean()
+    return r
+
+
+def regression_metrics(gold, pred):
+    return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
+                mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
+
+
+def entity_spans(tags):
+    """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
+    an entity continues only with I- of the same type; anything else closes it; an I-X
+    that does not continue an X starts a new entity; the sentence end closes the last one."""
+    spans, start, kind = [], None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, typ = tag.partition("-")
+        if start is not None and not (prefix == "I" and typ == kind):
+            spans.append((kind, start, i - 1))
+            start = None
+        if prefix in ("B", "I") and start is None:
+            start, kind = i, typ
+    return spans
+
+
+def entity_f1(gold_seqs, pred_seqs):
+    """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
+    gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
+    pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
+    tp = len(gold & pred)
+    p = tp / len(pred) if pred else 0.0
+    r = tp / len(gold) if gold else 0.0
+    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+
+
+def group_accuracy(examples, gold, pred):
+    """Accuracy per group tag, for tasks whose examples carry groups (the needle's
+    [position, length]). Ordered by slot, then by first appearance: start, middle, end, ..."""
+    names = []
+    for k in range(max(len(ex["groups"]) for ex in examples)):
+        for ex in examples:
+            if len(ex["groups"]) > k and ex["groups"][k] not in names:
+                names.append(ex["groups"][k])
+    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
+            for g in names}
+
+
+def paired_bootstrap(a, b, samples=None, seed=0):
+    """One-sided p-value that `a` beats `b`: resample the paired differences a_i - b_i
+    (one per task and seed) with replacement, and count how often the resampled mean
+    difference is <= 0. Identical inputs give p = 1 (no evidence); a clearly better a
+    gives p near 0. Fixed RNG seed: the same inputs always give the same p."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), size=(samples or bootstrap_samples, len(d)))].mean(1)
+    return float(np.mean(means <= 0))
+
+
+# ----------------------------------------------------------------------------------------
+# The fine-tuning model: encoder body, dropout, a linear head (per token for NER, on the
+# pooled vector otherwise). ModernBERT's MLM head and decoder are not used.
+# ----------------------------------------------------------------------------------------
+class TaskModel(nn.Module):
+    def __init__(self, body, n_out, per_token):
+        super().__init__()
+        self.body, self.per_token = body, per_token
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(body.config.hidden_size, n_out)
+        nn.init.normal_(self.head.weight, std=body.config.initializer_range)  # as the encoder's init
+        nn.init.zeros_(self.head.bias)
+
+    def features(self, ids, mask, target=None):
+        """Head inputs: pooled (B, d), or for NER the labeled tokens' vectors (N, d)."""
+        h = self.body(ids, attention_mask=mask)
+        if self.per_token:
+            return h[target != IGNORE]
+        if pooling == "cls":
+            return h[:, 0]
+        m = mask.unsqueeze(-1).to(h.dtype)
+        return (h * m).sum(1) / m.sum(1)
+
+    def forward(self, x):
+        return self.head(self.drop(x))
+
+
+def get_device():
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+
+
+def autocast(dev):
+    bf16 = dtype == "bfloat16" or (dtype == "auto" and dev.type == "cuda")
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+def pad_batch(examples, pad_id, dev):
+    T = max(len(ex["ids"]) for ex in examples)
+    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), T), dtype=torch.long)
+    target = torch.full((len(examples), T), IGNORE, dtype=torch.long)
+    for i, ex in enumerate(examples):
+        ids[i, :len(ex["ids"])] = torch.tensor(ex["ids"])
+        mask[i, :len(ex["ids"])] = 1
+        if "target" in ex:
+            target[i, :len(ex["target"])] = torch.tensor(ex["target"])
+    return ids.to(dev), mask.to(dev), target.to(dev)
+
+
+def targets(kind, examples, dev):
+    if kind == "ner":
+        t = torch.tensor([y for ex in examples for y in ex["target"] if y != IGNORE], dtype=torch.long)
+    elif kind == "cls":
+        t = torch.tensor([ex["y"] for ex in examples], dtype=torch.long)
+    else:
+        t = torch.tensor([ex["y"] for ex in examples], dtype=torch.float)
+    return t.to(dev)
+
+
+def loss_fn(kind, logits, y, pw=None):
+    logits = logits.float()
+    if kind in ("cls", "ner"):
+        return F.cross_entropy(logits, y)
+    if kind == "multilabel":
+        return F.binary_cross_entropy_with_logits(logits, y, pos_weight=pw)
+    return F.mse_loss(logits[:, 0], y)
+
+
+def length_batches(examples):
+    """Evaluation batches of similar length (less padding); yields index lists."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
+    for s in range(0, len(order), batch_size):
+        yield order[s:s + batch_size]
+
+
+def train_order(examples, rng, group=8):
+    """One epoch of shuffled training batches. Like HF's group_by_length: every `group`
+    batches' worth of shuffled examples is sorted by length before it is cut into batches,
+    so a batch pads little (a CPU saver); the batches are then shuffled again."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    batches = []
+    for s in range(0, len(order), group * batch_size):
+        chunk = sorted(order[s:s + group * batch_size], key=lambda i: len(examples[i]["ids"]))
+        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+@torch.no_grad()
+def embed(tm, examples, dev):
+    """Frozen-encoder head inputs for every example, computed once (linear probing):
+    a (d,) vector each, or (n_labeled_tokens, d) for NER; kept on the CPU."""
+    tm.eval()
+    out = [None] * len(examples)
+    for idx in length_batches(examples):
+        batch = [examples[i] for i in idx]
+        ids, mask, target = pad_batch(batch, tm.body.config.pad_token_id, dev)
+        with autocast(dev):
+            x = tm.features(ids, mask, target).float().cpu()
+        if tm.per_token:
+            x = x.split([sum(y != IGNORE for y in ex["target"]) for ex in batch])
+        for i, v in zip(idx, x):
+            out[i] = v
+    return out
+
+
+def probe_features(model, task):
+    """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
+    dev = get_device()
+    tm = TaskModel(model.model.to(dev), 1, per_token=task["kind"] == "ner").to(dev)  # its head is unused
+    return {s: embed(tm, task[s], dev) for s in ("train", "dev", "test")}
+
+
+def head_inputs(tm, examples, idx, feats, dev):
+    if feats is not None:  # probing: precomputed, the encoder does not run
+        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
+    batch = [examples[i] for i in idx]
+    ids, mask, target = pad_batch(batch, tm.body.config.pad_token_id, dev)
+    return tm.features(ids, mask, target)
+
+
+@torch.no_grad()
+def evaluate(tm, task, split, feats, dev):
+    """Predict a split -> metrics dict (the task's main metric under `main`)."""
+    tm.eval()
+    kind, examples = task["kind"], task[split]
+    out = [None] * len(examples)
+    for idx in length_batches(examples):
+        with autocast(dev):
+            logits = tm(head_inputs(tm, examples, idx, feats, dev)).float().cpu()
+        if kind == "ner":
+            logits = logits.split([sum(examples[i]["mapped"]) for i in idx])
+        for i, z in zip(idx, logits):
+            out[i] = z
+    if kind == "ner":
+        pred_tags = []
+        for ex, z in zip(examples, out):
+            it = iter(z.argmax(-1).tolist())
+            pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
+        p, r, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
+        m = dict(f1=f1, precision=p, recall=r)
+    elif kind == "cls":
+        gold, pred = [ex["y"] for ex in examples], [int(z.argmax()) for z in out]
+        m = cls_metrics(gold, pred)
+        if any(ex["groups"] for ex in examples):
+            m["groups"] = group_accuracy(examples, gold, pred)
+    elif kind == "multilabel":
+        m = multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
+    else:
+        m = regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
+    m["main"] = m[MAIN_METRIC[kind]]
+    return m
+
+
+def finetune_one(model, task, seed, feats=None, desc="", keep_model=False):
+    """Fine-tune a fresh copy of `model`'s encoder (or, for a probe task, a head on the
+    frozen encoder) on task["train"] with `seed`; pick the epoch with the best dev main
+    metric; report test with that epoch's weights.
+    -> dict(dev=metrics, test=metrics, epoch=best epoch, losses=mean training loss per epoch),
+    plus model=the TaskModel with the best epoch's weights when keep_model (for analysis).
+    `feats`: optional probe_features(model, task), to share them across seeds."""
+    dev, kind, frozen = get_device(), task["kind"], task["probe"] or probe
+    torch.manual_seed(seed)  # the head's init and dropout; the batch order has its own RNG
+    n_out = 1 if kind == "regression" else len(task["labels"])
+    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
+    # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
+    body = model.model.to(dev) if frozen else copy.deepcopy(model.model)
+    tm = TaskModel(body, n_out, per_token=kind == "ner").to(dev)
+    if frozen:
+        feats = feats or probe_features(model, task)
+    else:
+        feats = {"train": None, "dev": None, "test": None}
+    train = task["train"]
+    pw = None
+    if kind == "multilabel" and pos_weight != "none":
+        y = torch.tensor([ex["y"] for ex in train])
+        pw = ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if pos_weight == "auto"
+              else torch.full((n_out,), float(pos_weight))).to(dev)
+    params = list(tm.head.parameters()) if frozen else list(tm.parameters())
+    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
+              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    peak = probe_lr if frozen else learning_rate
+    opt = torch.optim.AdamW(groups, lr=peak)
+    n_epochs = probe_epochs if frozen else ner_epochs if kind == "ner" else epochs
+    per_epoch = math.ceil(len(train) / batch_size)
+    total, warm = n_epochs * per_epoch, max(1, int(warmup_ratio * n_epochs * per_epoch))
+    order_rng = random.Random(seed)
+    best, best_state, best_epoch, step, losses = None, None, 0, 0, []
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    for epoch in range(1, n_epochs + 1):
+        epoch_loss = []
+        for idx in train_order(train, order_rng):
+            tm.train()
+            # linear warmup to the peak, then linear decay to 0 at the last step
+            lr = peak * (step + 1) / warm if step < warm else peak * (total - step) / max(1, total - warm)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            with autocast(dev):
+                logits = tm(head_inputs(tm, train, idx, feats["train"], dev))
+            loss = loss_fn(kind, logits, targets(kind, [train[i] for i in idx], dev), pw)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            opt.step()
+            step += 1
+            epoch_loss.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{epoch_loss[-1]:.3f}")
+        losses.append(float(np.mean(epoch_loss)))
+        m = evaluate(tm, task, "dev", feats["dev"], dev)
+        if best is None or m["main"] > best["main"]:
+            best, best_epoch = m, epoch
+            best_state = {k: v.detach().clone() for k, v in tm.state_dict().items()
+                          if not (frozen and k.startswith("body."))}
+    bar.close()
+    tm.load_state_dict(best_state, strict=not frozen)
+    test = evaluate(tm, task, "test", feats["test"], dev)
+    out = dict(dev=best, test=test, epoch=best_epoch, losses=losses)
+    return dict(out, model=tm) if keep_model else out
+
+
+# ----------------------------------------------------------------------------------------
+# Embedded default tasks, built from data/world.py with seeds other than the pretraining
+# corpus's (1234), written to data/tasks/ once and read back through the readers above.
+# ----------------------------------------------------------------------------------------
+def _world():
+    sys.path.insert(0, os.path.join(ROOT, "data"))
+    try:
+        import world
+    except ImportError as e:
+        fail(f"the default tasks need data/world.py ({e}); or pass --tasks name=kind:path")
+    return world
+
+
+def pretraining_text():
+    """Text the encoders were pretrained on, to drop default-task examples that occur in it
+    verbatim: data/default/val.txt, plus all the documents when meta.json's source says they
+    were generated by world.corpus(n_docs, seed). '' when data/default is absent."""
+    parts = []
+    val = os.path.join(pretrain_dir, "val.txt")
+    if os.path.exists(val):
+        with open(val, encoding="utf-8") as f:
+            parts.append(f.read())
+    meta_path = os.path.join(pretrain_dir, "meta.json")
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        made = re.fullmatch(r"generated:world\.corpus\((\d+), (\d+)\)", str(meta.get("source", "")))
+        if made:
+            parts += _world().corpus(int(made.group(1)), int(made.group(2)))
+    return "\n".join(parts)
+
+
+def _sizes(text, name):
+    try:
+        sizes = [int(x) for x in text.split(",")]
+        assert len(sizes) == 3 and min(sizes) > 0
+    except (ValueError, AssertionError):
+        fail(f"--{name} expects three positive counts train,dev,test; got {text!r}")
+    return dict(zip(("train", "dev", "test"), sizes))
+
+
+def _unique(make, n, seen):
+    """n examples from make() whose text is new: not in pretraining, not in another split."""
+    out, tries = [], 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n + 1000:
+            fail(f"could not draw {n} default-task examples unseen in pretraining; lower the task sizes")
+        ex, text = make()
+        if text in seen["pretrain"]:
+            seen["dropped"] += 1
+        elif text not in seen["set"]:
+            seen["set"].add(text)
+            out.append(ex)
+    return out
+
+
+def needle_example(world, rng, length, position, present):
+    """The needle-in-a-haystack probe: query (text_a) = a templated fact about a patient;
+    haystack (text_b) = `length` words of world documents with a fact about that patient
+    inserted at the start, middle or end. The fact is the query (present) or differs from
+    it only in its slot values, the drug and dose (absent)."""
+    template = "Patient {ID} was prescribed {DRUG} {DOSE} ."
+    pid = str(rng.randint(1000, 9999))
+    drug, dose = rng.choice(world.DRUGS), rng.choice(world.DOSES)
+    query, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
+    if not present:
+        drug = rng.choice([d for d in world.DRUGS if d != drug])
+        dose = rng.choice(world.DOSES)
+    fact, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
+    filler = []
+    while len(filler) < length:
+        filler += world.document(rng).split()
+    # end the filler on a sentence boundary so the fact is never spliced into a sentence
+    ends = [i + 1 for i, w in enumerate(filler[:length]) if w == "."]
+    filler = filler[:ends[-1] if ends else length]
+    ends = [i + 1 for i, w in enumerate(filler) if w == "."]
+    at = {"start": 0, "end": len(filler),
+          "middle": min(ends or [len(filler) // 2], key=lambda i: abs(i - len(filler) // 2))}[position]
+    haystack = filler[:at] + fact + filler[at:]
+    return dict(text_a=" ".join(query), text_b=" ".join(haystack),
+                label="present" if present else "absent", group=[position, f"{length} words"])
+
+
+def build_default_tasks(directory=None):
+    """Write the default tasks (ner, notes, needle) under `directory` unless they are there
+    already with the same recipe (spec.json). Returns the directory."""
+    directory = directory or tasks_dir
+    meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            pretrain = json.load(f).get("source")
+    spec = dict(version=1, task_seed=task_seed, ner_sizes=ner_sizes, notes_sizes=notes_sizes,
+                needle_per_cell=needle_per_cell, needle_lengths=needle_lengths,
+                needle_positions=needle_positions, pretrain_dir=os.path.abspath(pretrain_dir),
+                pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
+    spec_path = os.path.join(directory, "spec.json")
+    if not rebuild_tasks and os.path.exists(spec_path):
+        with open(spec_path) as f:
+            if json.load(f) == spec:
+                return directory
+    world = _world()
+    print(f"building the default tasks in {directory} (seed {task_seed})")
+    seen = dict(set=set(), pretrain=pretraining_text(), dropped=0)
+    written = {}
+    for split_i, split in enumerate(("train", "dev", "test")):
+        rng = random.Random(task_seed * 10 + split_i)  # one stream per split: test never shifts with train sizes
+
+        def ner_one():
+            words, tags = world.sentence(rng)
+            return (words, tags), " ".join(words)
+        sents = _unique(ner_one, _sizes(ner_sizes, "ner_sizes")[split], seen)
+        written[("ner", split + ".tsv")] = "\n\n".join(
+            "\n".join(f"{w}\t{t}" for w, t in zip(words, tags)) for words, tags in sents) + "\n"
+
+        def note_one():
+            text, note_type = world.note(rng)
+            return dict(text=text, label=note_type), text
+        notes = _unique(note_one, _sizes(notes_sizes, "notes_sizes")[split], seen)
+        written[("notes", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in notes)
+
+        needles = []
+        for length in [int(x) for x in needle_lengths.split(",")]:
+            for position in needle_positions.split(","):
+                n = _sizes(needle_per_cell, "needle_per_cell")[split]
+                for i in range(n):  # balanced: half present, half absent (training shuffles)
+                    needles.append(needle_example(world, rng, length, position, present=i % 2 == 0))
+        written[("needle", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in needles)
+    for (name, file), text in written.items():
+        os.makedirs(os.path.join(directory, name), exist_ok=True)
+        with open(os.path.join(directory, name, file), "w", encoding="utf-8") as f:
+            f.write(text)
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    print(f"default tasks: {seen['dropped']} drawn examples dropped, seen verbatim in pretraining text")
+    return directory
+
+
+# ----------------------------------------------------------------------------------------
+# The comparison: every checkpoint x task x seed, then the tables.
+# ----------------------------------------------------------------------------------------
+def mean_std(xs):
+    """Mean and sample standard deviation (0 for a single seed)."""
+    xs = np.asarray(xs, float)
+    return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+
+
+def run(ckpt_paths, task_specs):
+    """Fine-tune every checkpoint on every task with seeds 0..seeds-1 and write
+    <out_dir>/results.md and results.json. task_specs: a --tasks string, or
+    [(name, kind, path, probe)] as parse_tasks returns. -> the results dict (as in results.json)."""
+    dev = get_device()
+    if len(set(ckpt_paths)) != len(ckpt_paths):
+        fail(f"a checkpoint is listed twice in {','.join(ckpt_paths)}")
+    if isinstance(task_specs, str):
+        if "default" in [s.strip() for s in task_specs.split(",")]:
+            build_default_tasks()
+        task_specs = parse_tasks(task_specs)
+    protocol = dict(learning_rate=learning_rate, weight_decay=weight_decay, batch_size=batch_size, epochs=epochs,
+                    ner_epochs=ner_epochs, warmup_ratio=warmup_ratio, max_len=max_len, pooling=pooling,
+                    dropout=dropout, grad_clip=grad_clip, pos_weight=pos_weight, probe=probe, probe_lr=probe_lr,
+                    probe_epochs=probe_epochs)
+    results = dict(checkpoints=list(ckpt_paths), seeds=list(range(seeds)), tasks=[], scores={}, protocol=protocol)
+    for ckpt in ckpt_paths:
+        model, tokenizer = load_encoder(ckpt)
+        model.to(dev)
+        scores = results["scores"][ckpt] = {}
+        for name, kind, path, frozen in task_specs:
+            task = load_task(name, kind, path, tokenizer, frozen)
+            if ckpt == ckpt_paths[0]:
+                results["tasks"].append(dict(name=name, kind=kind, path=path, main=MAIN_METRIC[kind],
+                                             probe=frozen or probe, labels=task["labels"]))
+            # a frozen encoder's features are the same for every seed: compute them once
+            feats = probe_features(model, task) if frozen or probe else None
+            runs = []
+            for seed in range(seeds):
+                t0 = time.time()
+                desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
+                r = finetune_one(model, task, seed, feats, desc=desc)
+                runs.append(dict(seed=seed, **r))
+                print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
+                      f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
+            m, s = mean_std([r["test"]["main"] for r in runs])
+            scores[name] = dict(mean=m, std=s, runs=runs)
+        # the average column: each seed's mean over tasks, then mean +- std over seeds
+        per_seed = [float(np.mean([scores[t[0]]["runs"][i]["test"]["main"] for t in task_specs]))
+                    for i in range(seeds)]
+        m, s = mean_std(per_seed)
+        scores["average"] = dict(mean=m, std=s, per_seed=per_seed)
+    if len(ckpt_paths) == 2:
+        a, b = (results["scores"][c] for c in ckpt_paths)
+        names = [t[0] for t in task_specs]
+        results["difference"] = {n: a[n]["mean"] - b[n]["mean"] for n in names + ["average"]}
+        # one paired difference per (task, seed): same task, same seed, the two checkpoints
+        pairs = [(ra["test"]["main"], rb["test"]["main"])
+                 for n in names for ra, rb in zip(a[n]["runs"], b[n]["runs"])]
+        results["p_value"] = paired_bootstrap([x for x, _ in pairs], [y for _, y in pairs])
+    write_results(results)
+    return results
+
+
+def markdown(results):
+    """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
+    pct = lambda x: f"{100 * x:.1f}"
+    tasks_ = results["tasks"]
+    cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in tasks_]
+    lines = ["| checkpoint | " + " | ".join(cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
+    for ckpt in results["checkpoints"]:
+        sc = results["scores"][ckpt]
+        cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
+        lines.append(f"| {ckpt} | " + " | ".join(cells) + " |")
+    if "difference" in results:
+        d = results["difference"]
+        cells = [f"{100 * d[t['name']]:+.1f}" for t in tasks_]
+        cells.append(f"{100 * d['average']:+.1f} (p = {results['p_value']:.3f})")
+        lines.append("| difference (first − second) | " + " | ".join(cells) + " |")
+    lines += ["", f"Test-set scores in %, mean ± std over seeds {results['seeds']}; each seed's epoch "
+              "is chosen on dev. average: the mean over tasks of each seed, then mean ± std over seeds."]
+    if "difference" in results:
+        lines.append(f"p: one-sided paired bootstrap that the first checkpoint beats the second: the "
+                     f"{len(tasks_) * len(results['seeds'])} (task, seed) differences are resampled with "
+                     f"replacement {bootstrap_samples} times; p = share of resampled mean differences <= 0.")
+    for t in tasks_:
+        runs = {c: results["scores"][c][t["name"]]["runs"] for c in results["checkpoints"]}
+        groups = list(next(iter(runs.values()))[0]["test"].get("groups", {}))
+        if not groups:
+            continue
+        lines += ["", f"{t['name']}: test accuracy by group (%, mean over seeds)", "",
+                  "| checkpoint | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+        for c, rs in runs.items():
+            accs = [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
+            lines.append(f"| {c} | " + " | ".join(accs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results):
+    os.makedirs(out_dir, exist_ok=True)
+    text = markdown(results)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print("\n" + text + f"\nwritten to {out_dir}/results.md and results.json")
+
+
+def main(argv=None):
+    changed = detour.apply_overrides(globals(), sys.argv[1:] if argv is None else argv, prog="finetune.py")
+    if pooling not in ("cls", "mean"):
+        fail(f"--pooling must be cls or mean, got {pooling!r}")
+    if pos_weight not in ("none", "auto") and not re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", pos_weight):
+        fail(f"--pos_weight must be none, auto or a number, got {pos_weight!r}")
+    if get_device().type == "cpu":  # the CPU default (see the constants): unless given explicitly
+        g = globals()
+        for key in ("epochs", "ner_epochs", "seeds"):
+            if key not in changed:
+                g[key] = g["cpu_" + key]
+        print(f"CPU default: {epochs} epochs ({ner_epochs} for NER), {seeds} seeds "
+              "(paper: 10 / 20 epochs, 5 seeds; set --epochs/--ner_epochs/--seeds to change)")
+    paths = [p.strip() for p in ckpts.split(",") if p.strip()]
+    found = [p for p in paths if os.path.isdir(p)]
+    if not found:
+        fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
+    for p in paths:
+        if p not in found:
+            print(f"note: {p} not found, skipped")
+    run(found, tasks)
+
+
+if __name__ == "__main__":
+    main()

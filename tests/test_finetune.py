@@ -1,0 +1,351 @@
+"""finetune.py on tiny random models and tiny tasks built here (no ../shared, no data/default)."""
+import json
+import os
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+import detour
+import finetune as ft
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as the tiny configs expect
+WORDS = ["the", "patient", "took", "aspirin", "metformin", "for", "diabetes", "asthma", "daily",
+         "was", "given", "warfarin", "after", "stroke", "and", "felt", "better", "worse"]
+
+
+def make_tokenizer(path, vocab_size=40):
+    """A BPE small enough that the longer words split into several sub-tokens."""
+    rng = random.Random(0)
+    text = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(200)]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                                      show_progress=False))
+    tok.save(str(path))
+    return tok
+
+
+def make_ckpt(directory, seed=0, tokenizer=True):
+    """A tiny random ModernBERT in HF format, with its tokenizer.json."""
+    os.makedirs(directory, exist_ok=True)
+    tok = make_tokenizer(os.path.join(directory, "tokenizer.json")) if tokenizer else None
+    torch.manual_seed(seed)
+    model = detour.ModernBERT(detour.Config(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+        local_attention=16, max_position_embeddings=128, pad_token_id=0, unk_token_id=1, cls_token_id=2,
+        sep_token_id=3, mask_token_id=4))
+    detour.save_hf(model, str(directory))
+    return str(directory), tok
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+def jsonl(rows):
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def make_task_dir(root, kind, n=(24, 8, 8), seed=0):
+    """A learnable tiny task of each kind: the label is carried by one word."""
+    rng = random.Random(seed)
+    for split, count in zip(("train", "dev", "test"), n):
+        rows, conll = [], []
+        for i in range(count):
+            drug = ["aspirin", "metformin", "warfarin"][i % 3]
+            words = ["the", "patient", "took", drug, rng.choice(["daily", "after", "for"]), rng.choice(WORDS)]
+            if kind == "ner":
+                conll.append("\n".join(f"{w}\t{'B-DRUG' if w == drug else 'O'}" for w in words))
+            elif kind == "cls":
+                rows.append(dict(text=" ".join(words), label=drug, group=["first" if i % 2 else "second"]))
+            elif kind == "multilabel":
+                rows.append(dict(text=" ".join(words), label=[drug] + (["daily"] if "daily" in words else [])))
+            else:
+                rows.append(dict(text_a=" ".join(words[:3]), text_b=" ".join(words[3:]),
+                                 label=float(["aspirin", "metformin", "warfarin"].index(drug))))
+        if kind == "ner":
+            write(os.path.join(root, f"{split}.tsv"), "-DOCSTART-\tO\n\n" + "\n\n".join(conll) + "\n")
+        else:
+            write(os.path.join(root, f"{split}.jsonl"), jsonl(rows))
+    return str(root)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is many times faster than two on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Short, quiet protocol settings for the tests (restored afterwards)."""
+    for k, v in dict(progress=False, batch_size=8, epochs=2, ner_epochs=2, probe_epochs=3, seeds=2,
+                     learning_rate=1e-3, probe_lr=1e-2, max_len=64, bootstrap_samples=2000).items():
+        monkeypatch.setattr(ft, k, v)
+
+
+# ----------------------------------------------------------------------------------------
+# entity-level F1 (conlleval / seqeval default semantics)
+# ----------------------------------------------------------------------------------------
+def test_entity_spans_rules():
+    assert ft.entity_spans(["I-X", "I-X", "O"]) == [("X", 0, 1)]          # I- without B- starts one
+    assert ft.entity_spans(["B-X", "B-X"]) == [("X", 0, 0), ("X", 1, 1)]  # adjacent: two entities
+    assert ft.entity_spans(["O", "B-X", "I-X"]) == [("X", 1, 2)]          # closed at the end
+    assert ft.entity_spans(["B-X", "I-Y", "I-Y"]) == [("X", 0, 0), ("Y", 1, 2)]
+    assert ft.entity_spans(["O", "O"]) == []
+
+
+def test_entity_f1_hand_made():
+    gold = [["B-DRUG", "I-DRUG", "O", "B-DOSE"], ["O", "B-DISEASE"]]
+    assert ft.entity_f1(gold, gold) == (1.0, 1.0, 1.0)
+    # I-X without B-X equals B-X I-X in the default (non-strict) mode
+    assert ft.entity_f1([["B-X", "I-X"]], [["I-X", "I-X"]]) == (1.0, 1.0, 1.0)
+    # B-X B-X is two entities; one merged prediction matches neither
+    assert ft.entity_f1([["B-X", "B-X"]], [["B-X", "I-X"]]) == (0.0, 0.0, 0.0)
+    # right span, wrong type: wrong
+    assert ft.entity_f1([["B-DRUG", "O"]], [["B-DOSE", "O"]]) == (0.0, 0.0, 0.0)
+    # empty predictions: nothing predicted, nothing found
+    assert ft.entity_f1(gold, [["O"] * 4, ["O"] * 2]) == (0.0, 0.0, 0.0)
+    # one of two predictions right, one of three gold entities found
+    p, r, f1 = ft.entity_f1(gold, [["B-DRUG", "I-DRUG", "O", "O"], ["B-DISEASE", "O"]])
+    assert (p, r) == (0.5, pytest.approx(1 / 3)) and f1 == pytest.approx(0.4)
+    # a boundary error at the sentence end
+    assert ft.entity_f1([["O", "B-X", "I-X"]], [["O", "B-X", "O"]])[2] == 0.0
+
+
+def test_other_metrics_by_hand():
+    m = ft.cls_metrics([0, 0, 1, 2], [0, 1, 1, 2])
+    assert m["accuracy"] == 0.75
+    assert m["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 1) / 3)
+    m = ft.multilabel_metrics([[1, 0], [1, 1]], [[1, 1], [0, 1]])
+    assert m["micro_f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
+    assert m["macro_f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
+    assert ft.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert ft.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert list(ft.ranks([10, 20, 20, 30])) == [1, 2.5, 2.5, 4]
+    m = ft.regression_metrics([1, 2, 3, 4], [1, 4, 9, 16])
+    assert m["spearman"] == pytest.approx(1.0) and m["pearson"] < 1.0
+
+
+def test_paired_bootstrap():
+    a = [0.8, 0.7, 0.9, 0.85, 0.75, 0.8]
+    assert ft.paired_bootstrap(a, a) == 1.0                        # no difference: no evidence
+    assert ft.paired_bootstrap([x + 0.05 for x in a], a) == 0.0    # always better
+    noisy = [x + d for x, d in zip(a, [0.02, 0.03, -0.01, 0.04, 0.02, 0.01])]
+    p = ft.paired_bootstrap(noisy, a)
+    assert p < 0.05 and p == ft.paired_bootstrap(noisy, a)         # fixed RNG: reproducible
+    assert ft.paired_bootstrap(a, noisy) > 0.95
+
+
+# ----------------------------------------------------------------------------------------
+# readers and their errors
+# ----------------------------------------------------------------------------------------
+def test_read_conll(tmp_path):
+    p = write(tmp_path / "train.tsv", "-DOCSTART- O\n\nAspirin\tB-DRUG\n5 B-DOSE\nmg I-DOSE\n\n\nok\tO\n")
+    sents = ft.read_conll(p)
+    assert [s["words"] for s in sents] == [["Aspirin", "5", "mg"], ["ok"]]
+    assert sents[0]["tags"] == ["B-DRUG", "B-DOSE", "I-DOSE"] and sents[1]["lines"] == [8]
+    bad = write(tmp_path / "bad.tsv", "a\tO\nlonely\n")
+    with pytest.raises(SystemExit, match=f"{bad}:2"):
+        ft.read_conll(bad)
+    with pytest.raises(SystemExit, match="empty"):
+        ft.read_conll(write(tmp_path / "empty.tsv", "\n\n"))
+
+
+def test_read_jsonl_and_tsv(tmp_path):
+    p = write(tmp_path / "a.jsonl", jsonl([dict(text="x", label="pos"), dict(text_a="q", text_b="h", label=1)]))
+    rows = ft.read_jsonl(p, "cls")
+    assert (rows[0]["text"], rows[0]["label"], rows[1]["text_b"], rows[1]["label"]) == ("x", "pos", "h", "1")
+    for body, msg in (('{"text": "x", "label": "a"}\n{oops\n', "not valid JSON"),
+                      ('{"label": "a"}\n', "missing field `text`"),
+                      ('{"text": "x"}\n', "missing field `label`")):
+        bad = write(tmp_path / "bad.jsonl", body)
+        with pytest.raises(SystemExit, match=f"bad.jsonl:{body.count(chr(10))}: {msg}"):
+            ft.read_jsonl(bad, "cls")
+    with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a number"):
+        ft.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
+    with pytest.raises(SystemExit, match="empty"):
+        ft.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
+    # TSV with a header (GAD / HoC layouts)
+    t = write(tmp_path / "t.tsv", "index\tsentence\tlabel\n0\tsome text\t1\n")
+    assert ft.read_tsv(t, "cls")[0]["label"] == "1"
+    h = write(tmp_path / "h.tsv", "labels\tsentence\tindex\n0_1,1_0,2_1\tsome text\tx\n")
+    assert ft.read_tsv(h, "multilabel")[0]["label"] == ["0", "2"]
+
+
+def test_unknown_label_and_missing_split(tmp_path):
+    _, tok = make_ckpt(tmp_path / "m")
+    d = tmp_path / "cls"
+    write(d / "train.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="y")]))
+    write(d / "dev.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="z")]))
+    with pytest.raises(SystemExit, match="no test split"):
+        ft.load_task("t", "cls", str(d), tok)
+    write(d / "test.jsonl", jsonl([dict(text="a", label="x")]))
+    with pytest.raises(SystemExit, match=r"dev.jsonl:2: label 'z' does not occur in the training split"):
+        ft.load_task("t", "cls", str(d), tok)
+    n = tmp_path / "ner"
+    write(n / "train.tsv", "a\tB-X\nb\tO\n")
+    write(n / "devel.tsv", "a\tB-X\n\nb\tB-Y\n")
+    write(n / "test.tsv", "a\tO\n")
+    with pytest.raises(SystemExit, match=r"devel.tsv:3: tag 'B-Y'"):
+        ft.load_task("n", "ner", str(n), tok)
+
+
+def test_parse_tasks():
+    assert ft.parse_tasks("chem=ner:a/b,gad=cls+probe:c") == [("chem", "ner", "a/b", False),
+                                                              ("gad", "cls", "c", True)]
+    assert [t[0] for t in ft.parse_tasks("default")] == ["ner", "notes", "needle"]
+    for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
+        with pytest.raises(SystemExit, match="finetune.py:"):
+            ft.parse_tasks(bad)
+
+
+# ----------------------------------------------------------------------------------------
+# encoding
+# ----------------------------------------------------------------------------------------
+def test_first_subtoken_alignment(tmp_path, monkeypatch):
+    tok = make_tokenizer(tmp_path / "tok.json")
+    words = ["the", "patient", "took", "metformin", "for", "diabetes"]
+    tags = [0, 0, 0, 7, 0, 8]
+    ids, target, mapped, cut = ft.encode_words(tok, words, tags)
+    pieces = [tok.encode(w, add_special_tokens=False).ids for w in words]
+    assert max(len(p) for p in pieces) > 1, "the test tokenizer should split some words"
+    assert ids == [2] + [i for p in pieces for i in p] + [3]
+    want = [ft.IGNORE]
+    for p, t in zip(pieces, tags):
+        want += [t] + [ft.IGNORE] * (len(p) - 1)  # the first sub-token carries the word's tag
+    assert target == want + [ft.IGNORE] and mapped == [True] * 6 and not cut
+    # truncation: words past max_len get no token and are predicted O
+    monkeypatch.setattr(ft, "max_len", 2 + len(pieces[0]) + len(pieces[1]))
+    ids, target, mapped, cut = ft.encode_words(tok, words, tags)
+    assert cut and mapped == [True, True, False, False, False, False] and len(ids) == ft.max_len
+
+
+def test_encode_pairs_truncate_the_haystack(tmp_path, monkeypatch):
+    tok = make_tokenizer(tmp_path / "tok.json")
+    a = tok.encode("the patient", add_special_tokens=False).ids
+    monkeypatch.setattr(ft, "max_len", len(a) + 5)  # room for the query and 2 haystack tokens
+    ids, cut = ft.encode(tok, "the patient", "the the the the the the the")
+    assert cut and len(ids) == ft.max_len and ids[:len(a) + 2] == [2] + a + [3] and ids[-1] == 3
+
+
+# ----------------------------------------------------------------------------------------
+# heads and training
+# ----------------------------------------------------------------------------------------
+def test_load_encoder_checks(tmp_path):
+    path, _ = make_ckpt(tmp_path / "run" / "hf")
+    model, tok = ft.load_encoder(str(tmp_path / "run"))  # a detour out_dir: uses out_dir/hf
+    assert tok.token_to_id("[CLS]") == model.config.cls_token_id
+    os.remove(os.path.join(path, "tokenizer.json"))
+    with pytest.raises(SystemExit, match="tokenizer.json not found"):
+        ft.load_encoder(path)
+    bad = Tokenizer(models.WordLevel({"[CLS]": 0, "[PAD]": 1, "[SEP]": 3, "[UNK]": 2}, unk_token="[UNK]"))
+    bad.save(os.path.join(path, "tokenizer.json"))
+    with pytest.raises(SystemExit, match=r"maps \[CLS\] to 0 but the model's config says 2"):
+        ft.load_encoder(path)
+    with pytest.raises(SystemExit, match="not a checkpoint"):
+        ft.load_encoder(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["cls", "multilabel", "regression", "ner"])
+def test_each_head_trains(kind, tmp_path, fast, monkeypatch):
+    monkeypatch.setattr(ft, "epochs", 3)
+    monkeypatch.setattr(ft, "ner_epochs", 3)
+    path, _ = make_ckpt(tmp_path / "m")
+    model, tok = ft.load_encoder(path)
+    task = ft.load_task(kind, kind, make_task_dir(tmp_path / kind, kind), tok)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = ft.finetune_one(model, task, seed=0)
+    assert r["losses"][-1] < r["losses"][0]
+    assert set(r) == {"dev", "test", "epoch", "losses"} and 1 <= r["epoch"] <= 3
+    assert kind == "regression" or 0 <= r["test"]["main"] <= 1  # Pearson may be negative
+    assert r["test"]["main"] == r["test"][ft.MAIN_METRIC[kind]]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # a copy was trained
+    if kind == "cls":
+        assert ft.finetune_one(model, task, seed=0)["test"] == r["test"]          # same seed, same run
+
+
+def test_probe_trains_only_the_head(tmp_path, fast, monkeypatch):
+    monkeypatch.setattr(ft, "probe_epochs", 4)
+    path, _ = make_ckpt(tmp_path / "m")
+    model, tok = ft.load_encoder(path)
+    task = ft.load_task("c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    feats = ft.probe_features(model, task)
+    assert len(feats["train"]) == len(task["train"]) and feats["train"][0].shape == (32,)
+    r = ft.finetune_one(model, task, seed=1, feats=feats)
+    assert r["losses"][-1] < r["losses"][0]
+    assert set(r["test"]["groups"]) == {"second", "first"}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    ner = ft.load_task("n", "ner", make_task_dir(tmp_path / "n", "ner"), tok, frozen=True)
+    r = ft.finetune_one(model, ner, seed=0)
+    assert r["losses"][-1] < r["losses"][0] and 0 <= r["test"]["f1"] <= 1
+
+
+# ----------------------------------------------------------------------------------------
+# the comparison, end to end
+# ----------------------------------------------------------------------------------------
+def test_two_checkpoints_end_to_end(tmp_path, fast, monkeypatch):
+    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "results"))
+    a, _ = make_ckpt(tmp_path / "clm", seed=0)
+    b, _ = make_ckpt(tmp_path / "mlm", seed=1)
+    spec = (f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))},"
+            f"ents=ner:{make_task_dir(tmp_path / 'n', 'ner', n=(16, 8, 8))},"
+            f"pairs=regression+probe:{make_task_dir(tmp_path / 'r', 'regression', n=(16, 8, 8))}")
+    results = ft.run([a, b], spec)
+    md = open(tmp_path / "results" / "results.md").read()
+    saved = json.load(open(tmp_path / "results" / "results.json"))
+    assert "| difference (first − second) |" in md and "p = " in md and "drugs: test accuracy by group" in md
+    assert saved["checkpoints"] == [a, b] and 0 <= saved["p_value"] <= 1
+    for ckpt in (a, b):
+        for t in ("drugs", "ents", "pairs"):
+            assert [r["seed"] for r in saved["scores"][ckpt][t]["runs"]] == [0, 1]
+        assert len(saved["scores"][ckpt]["average"]["per_seed"]) == 2
+    d = results["difference"]["drugs"]
+    assert d == pytest.approx(results["scores"][a]["drugs"]["mean"] - results["scores"][b]["drugs"]["mean"])
+
+
+def test_default_tasks_are_built_and_read_back(tmp_path, monkeypatch):
+    for k, v in dict(tasks_dir=str(tmp_path / "tasks"), pretrain_dir=str(tmp_path / "pre"), ner_sizes="6,3,3",
+                     notes_sizes="4,2,2", needle_per_cell="2,2,2", needle_lengths="20,40").items():
+        monkeypatch.setattr(ft, k, v)
+    # a sentence the "pretraining corpus" holds must not become a task example
+    world = ft._world()
+    words, _ = world.sentence(random.Random(ft.task_seed * 10))
+    write(tmp_path / "pre" / "val.txt", "Some document . " + " ".join(words) + " More text .\n")
+    assert ft.pretraining_text().startswith("Some document")
+    write(tmp_path / "pre" / "meta.json", json.dumps(dict(source="generated:world.corpus(3, 7)")))
+    assert world.corpus(3, 7)[2] in ft.pretraining_text()  # generated corpora are regenerated
+    root = ft.build_default_tasks()
+    ner = os.path.join(root, "ner")
+    mtime = os.path.getmtime(os.path.join(ner, "train.tsv"))
+    assert ft.build_default_tasks() == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
+    sents = [s for split in ("train", "dev", "test") for s in ft.read_conll(os.path.join(ner, f"{split}.tsv"))]
+    texts = [" ".join(s["words"]) for s in sents]
+    assert len(sents) == 12 and len(set(texts)) == 12 and " ".join(words) not in texts
+    notes = ft.read_jsonl(os.path.join(root, "notes", "train.jsonl"), "cls")
+    assert len(notes) == 4 and all(n["label"] in world.NOTE_TYPES for n in notes)
+    needle = ft.read_jsonl(os.path.join(root, "needle", "test.jsonl"), "cls")
+    assert len(needle) == 2 * 3 * 2 and {n["label"] for n in needle} == {"present", "absent"}
+    for n in needle:
+        assert (n["text"] in n["text_b"]) == (n["label"] == "present")
+        assert n["groups"][0] in ("start", "middle", "end") and n["groups"][1] in ("20 words", "40 words")
+    start = [n for n in needle if n["groups"][0] == "start" and n["label"] == "present"][0]
+    assert start["text_b"].startswith(start["text"])
+
+
+def test_main_errors(monkeypatch, tmp_path):
+    for k in ("ckpts", "epochs", "ner_epochs", "seeds"):
+        monkeypatch.setattr(ft, k, getattr(ft, k))
+    with pytest.raises(SystemExit, match="unknown option --nope"):
+        ft.main(["--nope", "1"])
+    with pytest.raises(SystemExit, match="no checkpoint found"):
+        ft.main(["--ckpts", str(tmp_path / "a") + "," + str(tmp_path / "b")])
