@@ -48,14 +48,15 @@ doc_mask = True            # packed documents never attend across the [SEP] boun
 seq_len = 256              # paper: 8192
 batch_size = 16            # micro-batch, sequences per rank per forward
 global_batch_size = 32     # sequences per optimizer step over all ranks (paper: 384)
-max_tokens = 2_000_000     # Phase-1 budget in tokens (paper: billions)
+max_tokens = 600_000       # Phase-1 budget in tokens (paper: billions)
 decay_ratio = 0.10         # decay length as a fraction of Phase-1 tokens
 decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 tokens
 data_seed = 42             # data order seed (paper: 42)
 seed = 17                  # model init / masking seed (paper: 17)
 # optimizer (decoupled AdamW)
-learning_rate = 2e-4       # peak lr (paper: 2e-4; the tiny CPU preset likes more)
-warmup_tokens = 200_000    # paper: 100M, then constant
+learning_rate = 1e-3       # peak lr (paper: 2e-4 for continued pretraining of base; a small
+                           # model trained from scratch on a CPU budget wants more)
+warmup_tokens = 100_000    # linear warmup, then constant (paper: 100M)
 min_lr_ratio = 0.10        # decay ends at 10% of peak
 beta1, beta2 = 0.9, 0.98
 eps = 1e-6
@@ -67,9 +68,9 @@ device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
 attn_backend = "sdpa"      # sdpa (masked SDPA)
-eval_interval = 100        # steps between validation
+eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
-log_interval = 10
+log_interval = 5
 ckpt_interval = 200        # steps between checkpoints (also written at the end)
 progress = True            # tqdm bar
 
