@@ -11,6 +11,15 @@ paired bootstrap over (task, seed) pairs for the average difference.
   python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
 
+Why the detour works (the paper's analysis; layers numbered from 0):
+  python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
+  python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
+  python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
+  cka: d = 1 - linear CKA per layer on held-out sentences (--texts); a third checkpoint, the
+       second's seed twin, adds r = d(A, B) / d(B, C). drift: ||W - W0|| / ||W0|| per layer,
+       attention and MLP apart. transplant: layers (0-7, attn or mlp) of A put into B, saved
+       as an HF dir and linear-probed next to A and B. Results: <out_dir>/<mode>.md and .json.
+
 A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
 `kind+probe` (that task is a linear probe), path a directory with train/dev/test files:
   ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
@@ -93,6 +102,10 @@ device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
 progress = True            # tqdm bars
 bootstrap_samples = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
+# analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
+analysis = ""              # cka | drift | transplant
+texts = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
+layers = ""                # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10 | attn | mlp
 
 DEFAULT_TASKS = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
 KINDS = ("cls", "multilabel", "regression", "ner")
@@ -853,10 +866,11 @@ def mean_std(xs):
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
 
 
-def run(ckpt_paths, task_specs):
+def run(ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every checkpoint on every task with seeds 0..seeds-1 and write
-    <out_dir>/results.md and results.json. task_specs: a --tasks string, or
-    [(name, kind, path, probe)] as parse_tasks returns. -> the results dict (as in results.json)."""
+    <out_dir>/<report>.md and <report>.json. task_specs: a --tasks string, or
+    [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put above the table.
+    -> the results dict (as in the json)."""
     dev = get_device()
     if len(set(ckpt_paths)) != len(ckpt_paths):
         fail(f"a checkpoint is listed twice in {','.join(ckpt_paths)}")
@@ -869,6 +883,8 @@ def run(ckpt_paths, task_specs):
                     dropout=dropout, grad_clip=grad_clip, pos_weight=pos_weight, probe=probe, probe_lr=probe_lr,
                     probe_epochs=probe_epochs)
     results = dict(checkpoints=list(ckpt_paths), seeds=list(range(seeds)), tasks=[], scores={}, protocol=protocol)
+    if note:
+        results["note"] = note
     for ckpt in ckpt_paths:
         model, tokenizer = load_encoder(ckpt)
         model.to(dev)
@@ -903,7 +919,7 @@ def run(ckpt_paths, task_specs):
         pairs = [(ra["test"]["main"], rb["test"]["main"])
                  for n in names for ra, rb in zip(a[n]["runs"], b[n]["runs"])]
         results["p_value"] = paired_bootstrap([x for x, _ in pairs], [y for _, y in pairs])
-    write_results(results)
+    write_results(results, report)
     return results
 
 
@@ -912,7 +928,8 @@ def markdown(results):
     pct = lambda x: f"{100 * x:.1f}"
     tasks_ = results["tasks"]
     cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in tasks_]
-    lines = ["| checkpoint | " + " | ".join(cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
+    lines = [results["note"], ""] if results.get("note") else []
+    lines += ["| checkpoint | " + " | ".join(cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
     for ckpt in results["checkpoints"]:
         sc = results["scores"][ckpt]
         cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
@@ -941,14 +958,244 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
-def write_results(results):
+def write_results(results, name="results"):
+    write_report(name, results, markdown(results))
+
+
+def write_report(name, results, text):
+    """<out_dir>/<name>.md (the text, also printed) and <name>.json (the results)."""
     os.makedirs(out_dir, exist_ok=True)
-    text = markdown(results)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
+    with open(os.path.join(out_dir, name + ".md"), "w") as f:
         f.write(text)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
+    with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(results, f, indent=1)
-    print("\n" + text + f"\nwritten to {out_dir}/results.md and results.json")
+    print("\n" + text + f"\nwritten to {out_dir}/{name}.md and {name}.json")
+
+
+# ----------------------------------------------------------------------------------------
+# Why does the detour work? The paper's analysis: where the two twins' representations
+# differ (CKA), where the detour moved the weights (drift), and which layers carry the gain
+# (transplants, judged by linear probes). Layers are numbered from 0, as in --freeze_layers.
+# ----------------------------------------------------------------------------------------
+def linear_cka(x, y):
+    """Linear CKA (Kornblith et al., 2019) of two representations of the same n inputs, x (n, p)
+    and y (n, q): ||Y'X||^2 / (||X'X|| ||Y'Y||), Frobenius norms, columns centered first.
+    1 = the same up to a rotation and a scale; near 0 = unrelated. The width may differ.
+    Float64: the terms are fourth powers of the activations."""
+    x = np.asarray(x, np.float64) - np.mean(x, 0)
+    y = np.asarray(y, np.float64) - np.mean(y, 0)
+    return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
+
+
+def text_examples(tokenizer, path):
+    """A text file (one text per line) -> examples {ids}: every line is split into sentences,
+    each encoded [CLS] sentence [SEP]; a sentence longer than max_len is cut into chunks.
+    Sentences rather than whole texts: CKA needs many more inputs than hidden dimensions."""
+    cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), max_len - 2
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            for sentence in re.split(r"(?<=[.!?])\s+", line.strip()):
+                ids = tokenizer.encode(sentence, add_special_tokens=False).ids
+                out += [dict(ids=[cls] + ids[s:s + room] + [sep]) for s in range(0, len(ids), room)]
+    if not out:
+        fail(f"{path} holds no text")
+    return out
+
+
+@torch.no_grad()
+def layer_features(model, examples):
+    """Every example's hidden states mean-pooled over its real tokens (padding excluded), at
+    the embedding output and after each layer -> L + 1 float64 arrays (n, d). Bidirectional
+    (causal=False), as the encoder is used downstream."""
+    dev = get_device()
+    body = model.model.to(dev).eval()
+    feats = {}
+    for idx in length_batches(examples):
+        ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
+        with autocast(dev):
+            _, hidden = body(ids, attention_mask=mask, output_hidden_states=True)
+        m = mask.unsqueeze(-1).double()
+        for l, h in enumerate(hidden):
+            if l not in feats:
+                feats[l] = np.zeros((len(examples), h.size(-1)))
+            feats[l][idx] = ((h.double() * m).sum(1) / m.sum(1)).cpu().numpy()  # rows in input order
+    return [feats[l] for l in range(len(feats))]
+
+
+def same_tokenizer(tokenizers, paths):
+    if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
+        fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
+
+
+def cka_divergence(paths, text_path=None):
+    """d = 1 - linear CKA between checkpoints A and B, on held-out sentences, at the embedding
+    output and after every layer. With a third checkpoint C, B's seed-noise control (B's
+    objective, another seed), also d(B, C) and r = d(A, B) / d(B, C): how many times larger
+    than seed noise the difference between A and B is. Writes cka.md / cka.json in out_dir."""
+    if len(paths) not in (2, 3):
+        fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
+    text_path = text_path or texts or os.path.join(pretrain_dir, "val.txt")
+    if not os.path.exists(text_path):
+        fail(f"{text_path} not found; pass --texts (one text per line) or run data/prepare.py")
+    feats, tokenizers, examples = [], [], None
+    for p in paths:
+        model, tokenizer = load_encoder(p)
+        tokenizers.append(tokenizer)
+        same_tokenizer(tokenizers, paths)
+        examples = examples or text_examples(tokenizer, text_path)
+        print(f"cka: {p} on {len(examples)} sentences of {text_path}")
+        feats.append(layer_features(model, examples))
+    if len({len(f) for f in feats}) > 1:
+        fail(f"{', '.join(paths)} differ in depth; CKA is compared layer by layer")
+    names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
+    rows = []
+    for l, name in enumerate(names):
+        # CKA <= 1 (Cauchy-Schwarz); max() only hides rounding below 0
+        row = dict(layer=name, d_ab=max(0.0, 1 - linear_cka(feats[0][l], feats[1][l])))
+        if len(paths) == 3:
+            row["d_bc"] = max(0.0, 1 - linear_cka(feats[1][l], feats[2][l]))
+            row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
+        rows.append(row)
+    results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
+                   max_len=max_len, rows=rows)
+    write_report("cka", results, cka_markdown(results))
+    return results
+
+
+def cka_markdown(results):
+    control = "C" in results["checkpoints"]
+    head = "| layer | d(A, B) |" + (" d(B, C) | r = d(A, B) / d(B, C) |" if control else "")
+    lines = [head, "|---" * (4 if control else 2) + "|"]
+    for row in results["rows"]:
+        cells = [row["layer"], f"{row['d_ab']:.4f}"]
+        if control:
+            cells += [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [""] + [f"{k}: {p}" for k, p in results["checkpoints"].items()]
+    lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
+                 f"{results['n_texts']} sentences of {results['texts']}; layer i = the output of layer i.")
+    if control:
+        lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
+    return "\n".join(lines) + "\n"
+
+
+def part_of(name):
+    """A parameter name -> (part, layer): ("attn", i) for layer i's attention (Wqkv, Wo) and
+    its attn_norm, ("mlp", i) for its MLP (Wi, Wo) and mlp_norm, ("embeddings", None), and
+    ("head", None) for the rest: the final norm and the MLM head."""
+    m = re.match(r"model\.layers\.(\d+)\.(attn|mlp)", name)  # also matches attn_norm, mlp_norm
+    if m:
+        return m.group(2), int(m.group(1))
+    return ("embeddings" if name.startswith("model.embeddings.") else "head"), None
+
+
+def same_shapes(a, b, paths):
+    shapes = lambda m: {n: tuple(p.shape) for n, p in m.named_parameters()}
+    if shapes(a) != shapes(b):
+        fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
+
+
+def weight_drift(model, init):
+    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init`, for each part (see
+    part_of; its tensors taken together as one W) and for each tensor. A norm's gain (1 at
+    init, norm sqrt(d)) weighs as much as a weight matrix of std 0.02 and d^2 entries: the
+    tensors are kept apart too. -> ({(part, layer): change}, {parameter name: change})"""
+    start, sums, tensors = dict(init.named_parameters()), {}, {}
+    ratio = lambda d2, b2: math.sqrt(d2 / b2) if b2 else None  # None: W0 = 0 (a zero-initialized bias)
+    for name, w in model.named_parameters():
+        w0 = start[name].detach().double()
+        d2, b2 = float(((w.detach().double() - w0) ** 2).sum()), float((w0 ** 2).sum())
+        tensors[name] = ratio(d2, b2)
+        s = sums.setdefault(part_of(name), [0.0, 0.0])
+        s[0], s[1] = s[0] + d2, s[1] + b2
+    return {k: ratio(*s) for k, s in sums.items()}, tensors
+
+
+def bar(x, top, width=24):
+    """x as a bar of eighth blocks; `top` fills `width` characters."""
+    eighths = round(8 * width * x / top) if top > 0 else 0
+    return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
+
+
+def drift(paths):
+    """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
+    same shape): weight_drift per layer, attention and MLP apart, plus the embeddings and the
+    head. Writes drift.md / drift.json in out_dir."""
+    if len(paths) != 2:
+        fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
+    model, init = (detour.load_hf(hf_dir(p)) for p in paths)  # weights only: no tokenizer needed
+    same_shapes(model, init, paths)
+    d, tensors = weight_drift(model, init)
+    results = dict(checkpoint=paths[0], init=paths[1], embeddings=d[("embeddings", None)],
+                   layers=[dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
+                           for i in range(model.config.num_hidden_layers)],
+                   head=d[("head", None)], tensors=tensors)
+    write_report("drift", results, drift_markdown(results))
+    return results
+
+
+def drift_markdown(results):
+    layers = results["layers"]
+    top = max([results["embeddings"], results["head"]] + [r[k] for r in layers for k in ("attn", "mlp")])
+    chart = [f"embeddings    {results['embeddings']:.4f} {bar(results['embeddings'], top)}".rstrip()]
+    chart += [f"layer {r['layer']:2d} attn {r['attn']:.4f} {bar(r['attn'], top)}  mlp {r['mlp']:.4f} "
+              f"{bar(r['mlp'], top)}".rstrip() for r in layers]
+    chart.append(f"head          {results['head']:.4f} {bar(results['head'], top)}".rstrip())
+    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {results['embeddings']:.4f} | |"]
+    table += [f"| layer {r['layer']} | {r['attn']:.4f} | {r['mlp']:.4f} |" for r in layers]
+    table.append(f"| final norm + MLM head | {results['head']:.4f} | |")
+    return "\n".join(
+        [f"Weight drift of {results['checkpoint']} from {results['init']}: ||W - W0|| / ||W0|| per part "
+         "(attention = Wqkv, Wo, attn_norm; MLP = Wi, Wo, mlp_norm).", "", "```", *chart, "```", "", *table]) + "\n"
+
+
+def group_names(model, spec):
+    """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
+    norm) or layer ranges like "0-7" or "0-3,10" (whole layers)."""
+    names = [name for name, _ in model.named_parameters()]
+    if spec in ("attn", "mlp"):
+        return [n for n in names if part_of(n)[0] == spec]
+    try:
+        chosen = detour.parse_layers(spec, model.config.num_hidden_layers)
+    except SystemExit:
+        chosen = []
+    if not chosen:
+        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 "
+             f"(the model has {model.config.num_hidden_layers}, from 0)")
+    return [n for n in names if part_of(n)[1] in chosen]
+
+
+def transplant_model(donor, recipient, spec):
+    """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
+    hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
+    params = dict(hybrid.named_parameters())
+    with torch.no_grad():
+        for name in group_names(recipient, spec):
+            params[name].copy_(source[name])
+    return hybrid
+
+
+def transplant(paths, spec, task_specs):
+    """The hybrid of checkpoints A, B: layer group `spec` from A, everything else from B. It is
+    saved as an HF dir (<out_dir>/transplant-<spec>/) and linear-probed on the tasks next to A
+    and B: a probe keeps the encoder frozen, where fine-tuning would retrain the transplanted
+    layers and blur what they carry. Writes transplant-<spec>.md / .json in out_dir."""
+    if len(paths) != 2:
+        fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
+    (a, tok_a), (b, tok_b) = load_encoder(paths[0]), load_encoder(paths[1])
+    same_tokenizer([tok_a, tok_b], paths)
+    same_shapes(a, b, paths)
+    name = "transplant-" + spec.replace(",", "_")
+    hybrid_dir = os.path.join(out_dir, name)
+    detour.save_hf(transplant_model(a, b, spec), hybrid_dir, os.path.join(hf_dir(paths[1]), "tokenizer.json"))
+    global probe
+    saved, probe = probe, True
+    try:
+        return run([paths[0], hybrid_dir, paths[1]], task_specs, report=name,
+                   note=f"{hybrid_dir}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
+    finally:
+        probe = saved
 
 
 def main(argv=None):
@@ -957,6 +1204,15 @@ def main(argv=None):
         fail(f"--pooling must be cls or mean, got {pooling!r}")
     if pos_weight not in ("none", "auto") and not re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", pos_weight):
         fail(f"--pos_weight must be none, auto or a number, got {pos_weight!r}")
+    if analysis not in ("", "cka", "drift", "transplant"):
+        fail(f"--analysis must be cka, drift or transplant, got {analysis!r}")
+    paths = [p.strip() for p in ckpts.split(",") if p.strip()]
+    if analysis == "cka":
+        return cka_divergence(paths)
+    if analysis == "drift":
+        return drift(paths)
+    if analysis == "transplant" and not layers:
+        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
     if get_device().type == "cpu":  # the CPU default (see the constants): unless given explicitly
         g = globals()
         for key in ("epochs", "ner_epochs", "seeds"):
@@ -964,7 +1220,8 @@ def main(argv=None):
                 g[key] = g["cpu_" + key]
         print(f"CPU default: {epochs} epochs ({ner_epochs} for NER), {seeds} seeds "
               "(paper: 10 / 20 epochs, 5 seeds; set --epochs/--ner_epochs/--seeds to change)")
-    paths = [p.strip() for p in ckpts.split(",") if p.strip()]
+    if analysis == "transplant":
+        return transplant(paths, layers, tasks)
     found = [p for p in paths if os.path.isdir(p)]
     if not found:
         fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
