@@ -97,6 +97,9 @@ needle_per_cell = "16,8,16"    # train, dev, test examples per (position, length
 needle_lengths = "56,112,224"  # haystack length in words (~64/128/256 tokens with data/default)
 needle_positions = "start,middle,end"
 rebuild_tasks = False      # rewrite data/tasks even if it is up to date
+# shortening a protocol on a CPU: a fixed random subset (seed 0) of each split; 0 = all
+max_train = 0              # training examples per task
+max_eval = 0               # dev and test examples per task
 # system
 device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
@@ -371,6 +374,10 @@ def load_task(name, kind, path, tokenizer, frozen=False):
                 ids, cut = encode(tokenizer, ex["text"], ex["text_b"])
                 out.append(dict(ids=ids, y=y, groups=ex["groups"]))
             n_trunc += cut
+        limit = max_train if split == "train" else max_eval
+        if 0 < limit < len(out):  # the same subset for every checkpoint and seed
+            keep = sorted(random.Random(0).sample(range(len(out)), limit))
+            out = [out[i] for i in keep]
         splits[split] = out
     if n_trunc:
         print(f"{name}: {n_trunc} examples truncated to max_len={max_len} tokens")

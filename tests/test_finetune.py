@@ -349,3 +349,16 @@ def test_main_errors(monkeypatch, tmp_path):
         ft.main(["--nope", "1"])
     with pytest.raises(SystemExit, match="no checkpoint found"):
         ft.main(["--ckpts", str(tmp_path / "a") + "," + str(tmp_path / "b")])
+
+
+def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path, monkeypatch):
+    path, _ = make_ckpt(tmp_path / "m")
+    _, tok = ft.load_encoder(path)
+    d = make_task_dir(tmp_path / "ner", "ner", n=(24, 8, 8))
+    full = ft.load_task("ner", "ner", d, tok)
+    monkeypatch.setattr(ft, "max_train", 10)
+    monkeypatch.setattr(ft, "max_eval", 5)
+    a, b = ft.load_task("ner", "ner", d, tok), ft.load_task("ner", "ner", d, tok)
+    assert (len(a["train"]), len(a["dev"]), len(a["test"])) == (10, 5, 5)
+    assert [x["ids"] for x in a["train"]] == [x["ids"] for x in b["train"]]      # the same subset each time
+    assert all(x["ids"] in [y["ids"] for y in full["train"]] for x in a["train"])
