@@ -67,7 +67,7 @@ freeze_layers = ""         # e.g. "0-7" or "8-14": layers that do not train in t
 device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
-attn_backend = "sdpa"      # sdpa (masked SDPA)
+attn_backend = "sdpa"      # sdpa (any device) | flex (CUDA: FlexAttention with block-sparse masks)
 eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 5
@@ -191,25 +191,115 @@ def apply_rope(x, cos, sin):
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-def attention_masks(T, device, causal, local_half, attention_mask=None, doc_ids=None):
-    """Boolean (B|1, 1, T, T) masks, True = may attend, for global and sliding-window layers.
+def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
+    """True where the query at position qi of row b may attend to the key at position kj.
 
-    The one place where the CLM detour differs from MLM in the model: `causal` adds j <= i.
-    A local token sees |i - j| <= local_half (64 for a 128 window); with `causal` that is
-    itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder twin
-    uses 63 before).
+    b, qi, kj are integer tensors that broadcast together; keys outside [0, T) are never seen.
+    One predicate for every attention path: the dense mask of the global layers, the block
+    mask of the sliding-window layers, and flex_attention's mask_mod.
+    The one place where the CLM detour differs from MLM in the model: `causal` adds kj <= qi.
+    A local token sees |qi - kj| <= window (64 for a 128 window); with `causal` that is itself
+    and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder twin uses 63).
     """
-    i = torch.arange(T, device=device)
-    rel = i[None, :] - i[:, None]                      # j - i
-    allowed = (rel <= 0) if causal else torch.ones(T, T, dtype=torch.bool, device=device)
-    allowed = allowed[None, None]
-    if doc_ids is not None:                            # packed documents stay apart
-        allowed = allowed & (doc_ids[:, None, :, None] == doc_ids[:, None, None, :])
-    if attention_mask is not None:                     # padding keys are invisible
-        allowed = allowed & attention_mask.bool()[:, None, None, :]
-    allowed = allowed | torch.eye(T, dtype=torch.bool, device=device)  # no empty rows (pad queries)
-    local = allowed & (rel.abs() <= local_half)[None, None]
-    return allowed, local
+    ok = (kj >= 0) & (kj < T)
+    if causal:
+        ok = ok & (kj <= qi)
+    if window is not None:
+        ok = ok & ((qi - kj).abs() <= window)
+    qc, kc = qi.clamp(0, T - 1), kj.clamp(0, T - 1)  # safe lookups; outside positions are masked above
+    if doc_ids is not None:                          # packed documents stay apart
+        ok = ok & (doc_ids[b, qc] == doc_ids[b, kc])
+    if attention_mask is not None:                   # padding keys are invisible
+        ok = ok & attention_mask[b, kc].bool()
+    return ok | (qi == kj)                           # every query sees itself: no empty row, no NaN
+
+
+def dense_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
+    """Boolean (B, 1, T, T) mask, True = may attend: the global layers' mask, and with `window`
+    the sliding-window mask that block_sliding_attention must reproduce."""
+    i, b = torch.arange(T, device=device), torch.arange(B, device=device).view(B, 1, 1)
+    return may_attend(b, i[:, None], i[None, :], T, causal, window, attention_mask, doc_ids).expand(B, T, T)[:, None]
+
+
+def block_sliding_mask(B, T, device, causal, window, attention_mask=None, doc_ids=None):
+    """The exact mask of block_sliding_attention: (B * blocks, 1, window, 2|3 window)."""
+    n, nb = -(-T // window), 2 if causal else 3
+    qi = torch.arange(n * window, device=device).view(n, window, 1)
+    kj = (torch.arange(n, device=device).view(n, 1, 1) - 1) * window + torch.arange(nb * window, device=device)
+    b = torch.arange(B, device=device).view(B, 1, 1, 1)
+    ok = may_attend(b, qi, kj, T, causal, window, attention_mask, doc_ids)
+    return ok.expand(B, n, window, nb * window).reshape(B * n, 1, window, nb * window)
+
+
+def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
+    """Sliding-window attention in O(T x window) instead of O(T^2), on (B, H, T, D) tensors.
+
+    Queries are cut into blocks of `window` positions (local_attention // 2 = 64). Block b
+    attends to the keys of blocks b-1, b, b+1 (b-1, b when causal): they hold every key within
+    `window` of its queries, and the mask from block_sliding_mask keeps exactly those, so the
+    result equals dense attention under the sliding-window mask. The blocks become the batch
+    of one SDPA call: 3 x 64 keys per query instead of T.
+    """
+    B, H, T, D = q.shape
+    n, nb = -(-T // window), 2 if causal else 3
+
+    def blocks(x, before, after):  # zero-pad the sequence, cut it: (B, blocks, H, window, D)
+        return F.pad(x, (0, 0, before, after)).unflatten(2, (-1, window)).transpose(1, 2)
+
+    qb = blocks(q, 0, n * window - T)
+    kb, vb = (blocks(x, window, (n + 1) * window - T) for x in (k, v))  # one zero block each side
+    kb, vb = (torch.cat([x[:, s:s + n] for s in range(nb)], dim=3) for x in (kb, vb))  # neighbours
+    y = F.scaled_dot_product_attention(qb.flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1),
+                                       attn_mask=mask, dropout_p=dropout)
+    return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]
+
+
+def flex_block_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
+    """flex_attention's BlockMask from the same predicate: tiles of 128 x 128 with no allowed
+    pair are skipped, so local layers, the causal half and other documents cost nothing."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    per_row = attention_mask is not None or doc_ids is not None
+    return create_block_mask(lambda b, h, qi, kj: may_attend(b, qi, kj, T, causal, window, attention_mask, doc_ids),
+                             B if per_row else None, None, T, T, device=device)
+
+
+_compiled_flex = None  # flex_attention is fast only compiled; compile it once
+
+
+def attention_fns(c, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
+    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors. The masks are built
+    here, once per forward, and shared by all the layers of a kind."""
+    global _compiled_flex
+    half = c.local_attention // 2
+    if backend == "flex":
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+        except ImportError:
+            flex_attention = None
+        if flex_attention is None or device.type != "cuda" or dropout > 0:
+            import warnings
+            warnings.warn("attn_backend=flex needs torch >= 2.5, a CUDA device (no flex backward on CPU) "
+                          "and attention_dropout 0; using sdpa")
+            backend = "sdpa"
+    if backend == "flex":
+        _compiled_flex = _compiled_flex or torch.compile(flex_attention)
+        masks = {"full_attention": flex_block_mask(B, T, device, causal, None, attention_mask, doc_ids),
+                 "sliding_attention": flex_block_mask(B, T, device, causal, half, attention_mask, doc_ids)}
+        return {kind: (lambda q, k, v, m=m: _compiled_flex(q, k, v, block_mask=m)) for kind, m in masks.items()}
+
+    full_mask = None  # no per-row mask: SDPA's own causal flag, no T x T tensor
+    if attention_mask is not None or doc_ids is not None:
+        full_mask = dense_mask(B, T, device, causal, None, attention_mask, doc_ids)
+    local_mask = block_sliding_mask(B, T, device, causal, half, attention_mask, doc_ids)
+
+    def full(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout,
+                                              is_causal=causal and full_mask is None)
+
+    def local(q, k, v):
+        return block_sliding_attention(q, k, v, local_mask, half, causal, dropout)
+
+    return {"full_attention": full, "sliding_attention": local}
 
 
 class Embeddings(nn.Module):
@@ -227,18 +317,16 @@ class Attention(nn.Module):
     def __init__(self, c, layer_idx):
         super().__init__()
         self.n_head, self.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        self.is_local = c.layer_types[layer_idx] == "sliding_attention"
         self.Wqkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)  # rows [Q; K; V]
         self.Wo = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.dropout = c.attention_dropout
         self.out_drop = nn.Dropout(c.attention_dropout)
 
-    def forward(self, x, rope, mask):
+    def forward(self, x, rope, attend):
+        """attend(q, k, v): this layer kind's attention, from attention_fns."""
         B, T, _ = x.shape
         q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = attend(q, k, v)
         return self.out_drop(self.Wo(y.transpose(1, 2).reshape(B, T, -1)))
 
 
@@ -265,8 +353,8 @@ class Layer(nn.Module):
         self.mlp_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
         self.mlp = MLP(c)
 
-    def forward(self, x, rope, mask):
-        x = x + self.attn(self.attn_norm(x), rope, mask)
+    def forward(self, x, rope, attend):
+        x = x + self.attn(self.attn_norm(x), rope, attend)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -279,19 +367,21 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(c)
         self.layers = nn.ModuleList([Layer(c, i) for i in range(c.num_hidden_layers)])
         self.final_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
+        self.attn_backend = attn_backend  # "sdpa" | "flex"; the run's --attn_backend may set it
 
     def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False):
         """idx (B, T) -> final hidden states (B, T, d); with output_hidden_states also the list
         [embedding output, layer 1 output, ..., layer L output] (before the final norm)."""
         c, (B, T) = self.config, idx.shape
         head_dim = c.hidden_size // c.num_attention_heads
-        full, local = attention_masks(T, idx.device, causal, c.local_attention // 2, attention_mask, doc_ids)
+        attend = attention_fns(c, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
+                               c.attention_dropout if self.training else 0.0)
         ropes = {"full_attention": rope_cos_sin(c.global_rope_theta, head_dim, T, idx.device),
                  "sliding_attention": rope_cos_sin(c.local_rope_theta, head_dim, T, idx.device)}
         x = self.embeddings(idx)
         hidden = [x]
         for layer, kind in zip(self.layers, c.layer_types):
-            x = layer(x, ropes[kind], local if kind == "sliding_attention" else full)
+            x = layer(x, ropes[kind], attend[kind])
             if output_hidden_states:
                 hidden.append(x)
         x = self.final_norm(x)
@@ -360,6 +450,44 @@ class ModernBERT(nn.Module):
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
+
+
+def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
+    """Model FLOPs per token of a training step (forward + backward = 3 x forward; a
+    multiply-add is 2 FLOPs), from the shapes alone, for MFU. Per layer: Wqkv 3d^2, Wo d^2,
+    MLP Wi 2dI and Wo Id, and attention 2d per key (scores, then the weighted sum of values):
+    T keys in a global layer, min(T, local_attention + 1) in a local one, half of that when
+    causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens: the
+    masking rate for MLM's sparse prediction. Norms, activations and softmax are left out."""
+    c, T = config, seq_len
+    d, inter = c.hidden_size, c.intermediate_size
+    keys = {"full_attention": T, "sliding_attention": min(T, c.local_attention + 1)}
+    forward = 0.0
+    for kind in c.layer_types:
+        forward += 2 * (3 * d * d + d * d + 2 * d * inter + inter * d)
+        forward += 2 * 2 * d * keys[kind] * (0.5 if causal else 1.0)
+    forward += head_fraction * 2 * (d * d + d * c.vocab_size)
+    return 3 * forward
+
+
+# Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
+# when all its words are words of torch.cuda.get_device_name(). The first match wins.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12,
+                   "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
+                   "L40": 181e12, "L4": 121e12, "A10": 125e12, "A6000": 155e12, "4090": 165e12,
+                   "3090": 71e12, "MI300X": 1307e12}
+
+
+def device_peak_flops(device):
+    """bf16 peak FLOP/s of `device` (for MFU), or None on CPU and on GPUs not in the table."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    words = torch.cuda.get_device_name(device).replace("-", " ").split()
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if all(w in words for w in key.split()):
+            return flops
+    return None
 
 
 # ----------------------------------------------------------------------------------------
@@ -576,9 +704,9 @@ def make_optimizer(model, cfg, fused=False):
     p *= 1 - (lr_t / peak_lr) * wd; torch's AdamW applies p *= 1 - lr_t * wd_torch, so
     wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05). Biases and norms are not decayed."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    for name, p in model.named_parameters():  # frozen ones too: they get no grad, so AdamW skips
+        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)  # them, and the groups
+        # stay the same across phases (a decay can load the state of a run with other frozen layers)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay / cfg.learning_rate},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
@@ -803,6 +931,10 @@ def train(cfg):
     windows = Windows(train_data, cfg.seq_len, cfg.data_seed)
     val = Windows(val_data, cfg.seq_len, cfg.data_seed)
     n_real_vocab = meta["vocab_size"]
+    raw_model.model.attn_backend = cfg.attn_backend
+    peak = device_peak_flops(device)
+    flops_per_token = model_flops_per_token(config, cfg.seq_len, causal=cfg.phase == "clm", head_fraction=(
+        1.0 if cfg.phase == "clm" else cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate))
 
     stop = {"signal": None}  # SIGTERM (cluster preemption) / SIGINT: checkpoint, then exit
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -826,6 +958,10 @@ def train(cfg):
         print(f"detour: phase={cfg.phase} params={raw_model.num_params() / 1e6:.2f}M layers={config.num_hidden_layers} "
               f"d={config.hidden_size} ranks={world} accum={accum} steps={total_steps} "
               f"tokens/step={tokens_per_step} frozen={frozen or 'none'} out_dir={cfg.out_dir}")
+    tok = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
+    tok = tok if os.path.exists(tok) else None
+    if master and cfg.init_from == "scratch" and step == 0:  # the initialization, for weight-drift analysis
+        save_hf(raw_model, os.path.join(cfg.out_dir, "init"), tok)
     bar = tqdm(total=total_steps, initial=step, disable=not (master and cfg.progress), dynamic_ncols=True)
     model.train()
     t0, tok0 = time.time(), tokens
@@ -863,6 +999,8 @@ def train(cfg):
             dt = time.time() - t0
             record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
                           tok_per_s=round((tokens - tok0) / max(dt, 1e-9)))
+            if peak:  # model FLOPs utilization against this device's bf16 peak
+                record["mfu"] = round(record["tok_per_s"] * flops_per_token / (peak * world), 4)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
         if step % cfg.eval_interval == 0 or step == total_steps:
             record = record or dict(step=step, tokens=tokens, lr=lr)
@@ -886,8 +1024,7 @@ def train(cfg):
             break
     bar.close()
     if master and step == total_steps:
-        tok = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
-        save_hf(raw_model, os.path.join(cfg.out_dir, "hf"), tok if os.path.exists(tok) else None)
+        save_hf(raw_model, os.path.join(cfg.out_dir, "hf"), tok)
         print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
     if world > 1:
         import torch.distributed as dist

@@ -187,3 +187,82 @@ def test_sparse_head_matches_dense_logits():
     assert torch.allclose(sparse, torch.stack([dense[0, 3], dense[1, 7]]), atol=1e-5)
     want = torch.nn.functional.cross_entropy(torch.stack([dense[0, 3], dense[1, 7]]), torch.tensor([9, 11]))
     assert abs(loss.item() - want.item()) < 1e-5
+
+
+def masked_rows(B, T, seed):
+    """doc_ids of packed documents and an attention_mask with padding at the end of row 1."""
+    g = torch.Generator().manual_seed(seed)
+    sep = torch.rand(B, T, generator=g) < 0.15
+    doc_ids = torch.cumsum(sep.long(), 1) - sep.long()
+    am = torch.ones(B, T, dtype=torch.long)
+    am[1, T - T // 3:] = 0
+    return doc_ids, am
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T,window", [(37, 8), (64, 8), (5, 8), (9, 4)])
+def test_block_sliding_attention_equals_dense_masked(causal, T, window):
+    """Blocks of `window` queries over 3 (causal: 2) blocks of keys == dense sliding-window
+    attention: T not a multiple of the block, T below the window, documents and padding;
+    outputs and gradients."""
+    B, H, D = 3, 2, 8
+    g = torch.Generator().manual_seed(T + window)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, requires_grad=True) for _ in range(3))
+    dy = torch.randn(B, H, T, D, generator=g)
+    for doc_ids, am in ((None, None), masked_rows(B, T, seed=T)):
+        dense = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=detour.dense_mask(B, T, "cpu", causal, window, am, doc_ids))
+        want = torch.autograd.grad(dense, (q, k, v), dy)
+        mask = detour.block_sliding_mask(B, T, "cpu", causal, window, am, doc_ids)
+        block = detour.block_sliding_attention(q, k, v, mask, window, causal)
+        got = torch.autograd.grad(block, (q, k, v), dy)
+        assert block.shape == dense.shape and torch.allclose(block, dense, atol=1e-5)
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_model_flops_per_token_by_hand():
+    c = tiny_config()  # d=64, I=96, V=101, 4 layers: global, local, local, global; window 16
+    per_layer = 2 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 96 + 96 * 64)  # 69_632
+    head = 2 * (64 * 64 + 64 * 101)                                  # 21_120
+    attn_global, attn_local = 4 * 64 * 40, 4 * 64 * 17               # T=40 keys; 17 = window + 1
+    want = 3 * (4 * per_layer + 2 * attn_global + 2 * attn_local + head)
+    assert want == 986_496
+    assert detour.model_flops_per_token(c, 40) == want
+    assert detour.model_flops_per_token(c, 40, causal=True) == want - 3 * (attn_global + attn_local)
+    assert detour.model_flops_per_token(c, 8) == 3 * (4 * per_layer + 4 * (4 * 64 * 8) + head)  # T < window
+    assert detour.model_flops_per_token(c, 40, head_fraction=0.3) == pytest.approx(want - 3 * 0.7 * head)
+    assert detour.device_peak_flops("cpu") is None
+
+
+def test_flex_block_mask_equals_dense_masks():
+    """The flex backend's BlockMask comes from the same predicate; checked forward on CPU with
+    eager flex_attention (training with flex needs CUDA: no flex backward on CPU)."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    import warnings
+    B, H, T, D = 3, 2, 40, 8
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    doc_ids, am = masked_rows(B, T, seed=1)
+    for causal in (False, True):
+        for window in (None, 4):
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=detour.dense_mask(B, T, "cpu", causal, window, am, doc_ids))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # eager flex_attention is a slow reference path
+                got = flex.flex_attention(q, k, v, block_mask=detour.flex_block_mask(B, T, "cpu", causal, window,
+                                                                                     am, doc_ids))
+            assert torch.allclose(got, want, atol=1e-5), (causal, window)
+
+
+def test_flex_backend_falls_back_on_cpu():
+    c = tiny_config()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).eval()
+    idx, am = batch(c)
+    with torch.no_grad():
+        want, _ = m(idx, attention_mask=am)
+        m.model.attn_backend = "flex"
+        with pytest.warns(UserWarning, match="using sdpa"):
+            got, _ = m(idx, attention_mask=am)
+    assert torch.equal(got, want)

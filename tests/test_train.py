@@ -234,3 +234,19 @@ def test_vocab_mismatch_is_refused(tiny_data, tmp_path):
     detour.save_hf(small, str(tmp_path / "small"))
     with pytest.raises(SystemExit, match="larger than the model"):
         run(["--data_dir", tiny_data, "--init_from", str(tmp_path / "small"), "--out_dir", str(tmp_path / "o"), *TINY_RUN])
+
+
+def test_freeze_in_phase1_then_decay_and_freeze_in_decay(tiny_data, tmp_path):
+    """The paper's interventions: frozen low layers during CLM, then a normal decay; and a
+    decay with frozen layers. The AdamW state must carry over either way."""
+    out = str(tmp_path / "clm")
+    run(["--data_dir", tiny_data, "--out_dir", out, "--max_tokens", "2048", "--freeze_layers", "0", *TINY_RUN])
+    assert os.path.exists(os.path.join(out, "init", "model.safetensors"))  # step-0 weights kept
+    init = detour.load_hf(os.path.join(out, "init"))
+    decayed = run(["--phase", "decay", "--init_from", out, "--decay_tokens", "512", "--progress", "false"])
+    assert not torch.equal(decayed.model.layers[0].attn.Wqkv.weight, init.model.layers[0].attn.Wqkv.weight)
+    p1 = detour.load_hf(os.path.join(out, "hf"))
+    assert torch.equal(p1.model.layers[0].attn.Wqkv.weight, init.model.layers[0].attn.Wqkv.weight)
+    frozen = run(["--phase", "decay", "--init_from", out, "--decay_tokens", "512", "--progress", "false",
+                  "--freeze_layers", "1", "--out_dir", str(tmp_path / "dec-frozen")])
+    assert torch.equal(frozen.model.layers[1].mlp.Wi.weight, p1.model.layers[1].mlp.Wi.weight)
