@@ -88,6 +88,7 @@ probe_epochs = 20
 cpu_epochs = 3
 cpu_ner_epochs = 3
 cpu_seeds = 3
+cpu_learning_rate = 5e-4   # the small CPU models barely move at 5e-5 in 3 epochs (near-chance scores)
 # embedded default tasks (data/world.py with new seeds; pretraining corpus seed is 1234),
 # sized so that the CPU default run of two small checkpoints takes a few minutes
 task_seed = 2025
@@ -1222,11 +1223,11 @@ def main(argv=None):
         fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
     if get_device().type == "cpu":  # the CPU default (see the constants): unless given explicitly
         g = globals()
-        for key in ("epochs", "ner_epochs", "seeds"):
+        for key in ("epochs", "ner_epochs", "seeds", "learning_rate"):
             if key not in changed:
                 g[key] = g["cpu_" + key]
-        print(f"CPU default: {epochs} epochs ({ner_epochs} for NER), {seeds} seeds "
-              "(paper: 10 / 20 epochs, 5 seeds; set --epochs/--ner_epochs/--seeds to change)")
+        print(f"CPU default: {epochs} epochs ({ner_epochs} for NER), {seeds} seeds, lr {learning_rate:g} (paper: "
+              "10 / 20 epochs, 5 seeds, 5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
     if analysis == "transplant":
         return transplant(paths, layers, tasks)
     found = [p for p in paths if os.path.isdir(p)]
