@@ -238,19 +238,18 @@ def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
     attends to the keys of blocks b-1, b, b+1 (b-1, b when causal): they hold every key within
     `window` of its queries, and the mask from block_sliding_mask keeps exactly those, so the
     result equals dense attention under the sliding-window mask. The blocks become the batch
-    of one SDPA call: 3 x 64 keys per query instead of T.
+    of one SDPA call: 3 x 64 keys per query (2 x 64 when causal) instead of T.
     """
     B, H, T, D = q.shape
     n, nb = -(-T // window), 2 if causal else 3
+    pad = n * window - T
+    qb = F.pad(q, (0, 0, 0, pad)).unflatten(2, (n, window)).transpose(1, 2).flatten(0, 1)
 
-    def blocks(x, before, after):  # zero-pad the sequence, cut it: (B, blocks, H, window, D)
-        return F.pad(x, (0, 0, before, after)).unflatten(2, (-1, window)).transpose(1, 2)
+    def keys(x):  # one zero block before, overlapping windows of nb blocks: (B * n, H, nb * window, D)
+        x = F.pad(x, (0, 0, window, pad + (nb - 2) * window)).unfold(2, nb * window, window)
+        return x.permute(0, 2, 1, 4, 3).flatten(0, 1)  # unfold is a view; this makes the one copy
 
-    qb = blocks(q, 0, n * window - T)
-    kb, vb = (blocks(x, window, (n + 1) * window - T) for x in (k, v))  # one zero block each side
-    kb, vb = (torch.cat([x[:, s:s + n] for s in range(nb)], dim=3) for x in (kb, vb))  # neighbours
-    y = F.scaled_dot_product_attention(qb.flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1),
-                                       attn_mask=mask, dropout_p=dropout)
+    y = F.scaled_dot_product_attention(qb, keys(k), keys(v), attn_mask=mask, dropout_p=dropout)
     return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]
 
 
