@@ -397,6 +397,40 @@ class Head(nn.Module):
         return self.norm(F.gelu(self.dense(x)))
 
 
+class LinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding
+    all N x V of them. Rows go through in chunks; each chunk's gradient (softmax - one-hot)
+    becomes the gradients of h, weight and bias right away, in the forward pass, and backward
+    only scales them. Training needs the loss, not the logits: this saves the N x V logits,
+    log-probabilities and their gradient, and the passes over them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, chunk=1024):
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros_like(weight, dtype=torch.float32)
+        grad_b = torch.zeros_like(bias, dtype=torch.float32)
+        loss = torch.zeros((), device=h.device)
+        for s in range(0, h.size(0), chunk):
+            hc, t = h[s:s + chunk], targets[s:s + chunk]
+            logits = F.linear(hc, weight, bias).float()  # softmax in fp32, also under autocast
+            lse = logits.logsumexp(-1)
+            loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            g = logits.sub_(lse[:, None]).exp_()          # softmax, in place of the logits
+            g[torch.arange(len(t), device=t.device), t] -= 1
+            grad_h[s:s + chunk] = g @ weight
+            grad_w += g.t() @ hc
+            grad_b += g.sum(0)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.n, ctx.w_dtype = h.size(0), weight.dtype  # fp32 sums, returned in the weight's dtype
+        return loss / ctx.n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        scale = grad_loss / ctx.n
+        return grad_h * scale, (grad_w * scale).to(ctx.w_dtype), (grad_b * scale).to(ctx.w_dtype), None, None
+
+
 class ModernBERT(nn.Module):
     """ModernBertForMaskedLM with one extra switch: `causal`."""
 
@@ -431,21 +465,27 @@ class ModernBERT(nn.Module):
             outs += [layer.attn.Wo, layer.mlp.Wo]
         return outs
 
-    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None):
+    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, return_logits=None):
         """Returns (logits, loss).
 
         Without targets: dense logits (B, T, V), loss None.
         With targets (B, T; IGNORE = no loss): the head runs only on supervised positions
-        (sparse prediction: for MLM that is 15-30% of tokens) and logits are (N, V) for those.
+        (sparse prediction: for MLM that is 15-30% of tokens) and logits are (N, V) for those;
+        with return_logits False (the default in training mode) logits is None and the loss
+        comes from LinearCrossEntropy, which never materializes them.
         CLM and MLM share this code: the caller decides `causal` and what the targets are.
         """
         h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids)
         if targets is None:
             return self.decoder(self.head(h)), None
         keep = targets.reshape(-1) != IGNORE
-        logits = self.decoder(self.head(h.reshape(-1, h.size(-1))[keep]))
-        loss = F.cross_entropy(logits.float(), targets.reshape(-1)[keep])
-        return logits, loss
+        h, targets = self.head(h.reshape(-1, h.size(-1))[keep]), targets.reshape(-1)[keep]
+        if return_logits is None:
+            return_logits = not self.training  # a training step needs only the loss
+        if not return_logits:
+            return None, LinearCrossEntropy.apply(h, self.decoder.weight, self.decoder.bias, targets)
+        logits = self.decoder(h)
+        return logits, F.cross_entropy(logits.float(), targets)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())

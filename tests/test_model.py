@@ -266,3 +266,35 @@ def test_flex_backend_falls_back_on_cpu():
         with pytest.warns(UserWarning, match="using sdpa"):
             got, _ = m(idx, attention_mask=am)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_loss_equals_logits_loss(causal):
+    """Training mode computes the loss chunk by chunk without logits (LinearCrossEntropy):
+    same loss and same gradients as cross-entropy on the materialized logits."""
+    c = tiny_config()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).train()
+    idx, _ = batch(c, B=2, T=30)
+    targets = torch.where(torch.rand(idx.shape) < 0.5, idx, detour.IGNORE)
+    results = []
+    for return_logits in (True, False):
+        m.zero_grad()
+        logits, loss = m(idx, targets, causal=causal, return_logits=return_logits)
+        loss.backward()
+        results.append((logits, loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    (logits, want, grads), (none, got, chunked) = results
+    assert logits.shape == ((targets != detour.IGNORE).sum(), c.vocab_size) and none is None
+    assert abs(got - want) < 1e-5
+    for n, g in grads.items():
+        assert torch.allclose(chunked[n], g, atol=1e-6), n
+    # several chunks (7 rows each, the last one short): loss and all three gradients
+    h, t = torch.randn(50, c.hidden_size, requires_grad=True), torch.randint(0, c.vocab_size, (50,))
+    w, b = m.decoder.weight.detach().clone().requires_grad_(), m.decoder.bias.detach().clone().requires_grad_()
+    full = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b), t)
+    want = torch.autograd.grad(full, (h, w, b))
+    chunked = detour.LinearCrossEntropy.apply(h, w, b, t, 7)
+    got = torch.autograd.grad(chunked, (h, w, b))
+    assert torch.allclose(chunked, full, atol=1e-6)
+    for g, e in zip(got, want):
+        assert torch.allclose(g, e, atol=1e-6)
