@@ -724,14 +724,18 @@ def mlm_batch(buf, rate, gen, config, n_real_vocab):
     return x, y
 
 
+def predicted_fraction(cfg):
+    """Share of positions the phase predicts: every one for CLM, the masking rate for MLM/decay."""
+    return 1.0 if cfg.phase == "clm" else cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate
+
+
 def make_batch(cfg, buf, config, n_real_vocab, sample):
     """(inputs, targets, causal) for the run's phase; masks depend only on (seed, sample)."""
     if cfg.phase == "clm":
         x, y = clm_batch(buf, config.sep_token_id)
         return x, y, True
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
-    rate = cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate
-    x, y = mlm_batch(buf, rate, gen, config, n_real_vocab)
+    x, y = mlm_batch(buf, predicted_fraction(cfg), gen, config, n_real_vocab)
     return x, y, False
 
 
@@ -972,8 +976,8 @@ def train(cfg):
     n_real_vocab = meta["vocab_size"]
     raw_model.model.attn_backend = cfg.attn_backend
     peak = device_peak_flops(device)
-    flops_per_token = model_flops_per_token(config, cfg.seq_len, causal=cfg.phase == "clm", head_fraction=(
-        1.0 if cfg.phase == "clm" else cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate))
+    flops_per_token = model_flops_per_token(config, cfg.seq_len, causal=cfg.phase == "clm",
+                                            head_fraction=predicted_fraction(cfg))
 
     stop = {"signal": None}  # SIGTERM (cluster preemption) / SIGINT: checkpoint, then exit
     for sig in (signal.SIGTERM, signal.SIGINT):
