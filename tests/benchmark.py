@@ -28,14 +28,13 @@ threshold: the small one costs page faults). A first step can add one-time libra
 that errs against whichever model has them. GPU: the growth of torch.cuda.max_memory_allocated.
 """
 import argparse
+import copy
 import ctypes
 import os
 import statistics
 import sys
 import tempfile
 import time
-
-import copy
 
 import numpy as np
 import torch
@@ -96,12 +95,13 @@ class PeakMemory:
 DATA = os.path.join(ROOT, "data", "default")
 
 
-def packed_rows(n_rows, T, config, seed):
+def packed_rows(n_rows, T, config, seed, prepared):
     """(rows of T + 1 tokens, real vocabulary size): windows of data/default/train.bin when it
-    is prepared (real packed documents), else synthetic documents ([CLS] random [SEP])."""
+    is prepared (`prepared` = detour.load_data's (meta, tokens), else None: synthetic
+    documents, [CLS] random [SEP])."""
     g = np.random.default_rng(seed)
-    if os.path.exists(os.path.join(DATA, "train.bin")):
-        meta, data = detour.load_data(DATA, "train")
+    if prepared:
+        meta, data = prepared
         starts = g.integers(0, len(data) - T - 1, n_rows)
         return torch.from_numpy(np.stack([data[s:s + T + 1].astype(np.int64) for s in starts])), meta["vocab_size"]
     rows = []
@@ -177,8 +177,9 @@ def main():
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
 
     special = dict(pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4)
-    if os.path.exists(os.path.join(DATA, "meta.json")):
-        special = {k: detour.load_data(DATA, "train")[0][k] for k in special}
+    prepared = detour.load_data(DATA, "train") if os.path.exists(os.path.join(DATA, "train.bin")) else None
+    if prepared:
+        special = {k: prepared[0][k] for k in special}
     config = detour.Config(vocab_size=50368, max_position_embeddings=max(8192, max(lengths)), **special,
                            **detour.PRESETS[args.preset])  # the real ModernBERT vocabulary: a realistic head
     torch.manual_seed(0)
@@ -232,7 +233,7 @@ def main():
     for phase in args.phases.split(","):
         for T in lengths:
             B = max(1, args.tokens // T)
-            buf, n_real = packed_rows(B, T, config, seed=T)
+            buf, n_real = packed_rows(B, T, config, seed=T, prepared=prepared)
             if phase == "clm":
                 x, y = detour.clm_batch(buf, config.sep_token_id)
             else:
