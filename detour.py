@@ -61,7 +61,8 @@ min_lr_ratio = 0.10        # decay ends at 10% of peak
 beta1, beta2 = 0.9, 0.98
 eps = 1e-6
 weight_decay = 1e-5        # paper's *fully decoupled* wd; converted for torch AdamW below
-grad_clip = 1.0            # 0 = off (upstream uses none; a safety net for small runs)
+grad_clip = 0.0            # max grad norm, 0 = off (upstream uses none: clipping would treat
+                           # the twins unequally, MLM's early gradients being the larger)
 freeze_layers = ""         # e.g. "0-7" or "8-14": layers that do not train in this phase
 # system
 device = "auto"            # auto | cpu | cuda | cuda:N
@@ -756,13 +757,16 @@ def make_optimizer(model, cfg, fused=False):
                              fused=fused or None)
 
 
-def lr_at(cfg, tokens, total):
-    """Phase 1: linear warmup then constant. Decay: 1 - sqrt from peak to min_lr_ratio x peak."""
+def lr_at(cfg, tokens, total, step_tokens=0):
+    """LR of the step that starts after `tokens` tokens of this phase (`step_tokens` per step).
+    Phase 1: linear warmup then constant, read at the step's end, so the first step is above 0.
+    Decay: 1 - sqrt from the peak to min_lr_ratio x peak, read at the step's start, so the first
+    decay step runs at the peak (as Composer's schedulers do) and the cooldown is not cut short."""
     peak = cfg.learning_rate
     if cfg.phase == "decay":
         progress = min(tokens / max(total, 1), 1.0)
         return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - math.sqrt(progress)))
-    return peak * min(1.0, tokens / max(cfg.warmup_tokens, 1))  # tokens *after* this step: never 0
+    return peak * min(1.0, (tokens + step_tokens) / max(cfg.warmup_tokens, 1))
 
 
 def parse_layers(spec, n_layers):
@@ -867,12 +871,14 @@ def setup_distributed(cfg):
 
 
 @torch.no_grad()
-def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp):
-    """Loss of the phase's objective on a fixed set of validation windows (the same every
-    time, masks seeded by the window index), averaged over all ranks."""
+def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp):
+    """The phase's objective on a fixed set of validation windows (the same every time, masks
+    seeded by the window index), averaged over all ranks -> dict(loss, acc, unigram): the
+    loss, the share of targets predicted exactly (argmax), and the loss of the train-set
+    unigram on the same targets, the baseline every loss is read against."""
     model.eval()
     n = max(1, min(val.n, cfg.eval_tokens // cfg.seq_len))
-    total, count = torch.zeros(2), 0
+    total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
     for first in range(rank * cfg.batch_size, n, world * cfg.batch_size):
         k = min(cfg.batch_size, n - first)
         buf = torch.from_numpy(np.stack([val.data[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].astype(np.int64)
@@ -880,15 +886,23 @@ def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp):
         x, y, causal = make_batch(cfg, buf, config, n_real_vocab, sample=10**9 + first)
         doc_ids = document_ids(x, config.sep_token_id) if cfg.doc_mask else None
         with amp:
-            _, loss = model(x.to(cfg._device), y.to(cfg._device), causal=causal,
-                            doc_ids=None if doc_ids is None else doc_ids.to(cfg._device))
-        total += torch.tensor([loss.item() * k, k])
-        count += k
+            logits, loss = model(x.to(cfg._device), y.to(cfg._device), causal=causal, return_logits=True,
+                                 doc_ids=None if doc_ids is None else doc_ids.to(cfg._device))
+        t = y[y != IGNORE]
+        acc = (logits.argmax(-1).cpu() == t).float().mean().item()
+        total += torch.tensor([loss.item() * k, acc * k, -unigram_logp[t].mean().item() * k, k])
     if world > 1:
         import torch.distributed as dist
         dist.all_reduce(total)
     model.train()
-    return (total[0] / total[1]).item()
+    return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
+                unigram=(total[2] / total[3]).item())
+
+
+def unigram_log_probs(data, vocab_size, cap=50_000_000):
+    """log p(token) of the train stream's unigram (add-one smoothed; the first `cap` tokens)."""
+    counts = torch.from_numpy(np.bincount(np.asarray(data[:cap]), minlength=vocab_size)[:vocab_size]).double() + 1
+    return (counts / counts.sum()).log().float()
 
 
 def train(cfg):
@@ -974,6 +988,7 @@ def train(cfg):
     windows = Windows(train_data, cfg.seq_len, cfg.data_seed)
     val = Windows(val_data, cfg.seq_len, cfg.data_seed)
     n_real_vocab = meta["vocab_size"]
+    unigram_logp = unigram_log_probs(train_data, config.vocab_size)
     raw_model.model.attn_backend = cfg.attn_backend
     peak = device_peak_flops(device)
     flops_per_token = model_flops_per_token(config, cfg.seq_len, causal=cfg.phase == "clm",
@@ -1009,7 +1024,7 @@ def train(cfg):
     model.train()
     t0, tok0 = time.time(), tokens
     while step < total_steps:
-        lr = lr_at(cfg, tokens + tokens_per_step, budget)
+        lr = lr_at(cfg, tokens, budget, tokens_per_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros(1)
@@ -1047,8 +1062,10 @@ def train(cfg):
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
         if step % cfg.eval_interval == 0 or step == total_steps:
             record = record or dict(step=step, tokens=tokens, lr=lr)
-            record["val_loss"] = round(evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp), 5)
-            bar.write(f"step {step}: val {cfg.phase} loss {record['val_loss']:.4f}") if master else None
+            ev = evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp)
+            record.update(val_loss=round(ev["loss"], 5), val_acc=round(ev["acc"], 5), val_unigram=round(ev["unigram"], 5))
+            bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
+                      f"accuracy {ev['acc']:.4f}") if master else None
         if record and master:
             log.write(json.dumps(record) + "\n")
             log.flush()

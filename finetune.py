@@ -3,8 +3,10 @@ finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 
 The paper judges the CLM detour by what it does downstream: the detour encoder and its
 MLM-only twin are fine-tuned the same way, on the same tasks, with the same seeds, and
-the scores are compared task by task (mean +- std over seeds) and on average, with a
-paired bootstrap over (task, seed) pairs for the average difference.
+the scores are compared task by task (mean +- std over runs) and on average. Pretraining
+replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the unit of the statistics
+is the (task, replicate) pair, its fine-tuning seeds averaged: an exact sign-flip test, a
+paired bootstrap, 95% intervals and the smallest difference the design can detect.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
   python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
@@ -74,8 +76,8 @@ warmup_ratio = 0.10        # linear warmup over 10% of the steps, then linear de
 seeds = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
 max_len = 512              # longer inputs are truncated (and counted)
 pooling = "mean"           # cls | mean (over real tokens; the released ModernBERT config uses mean)
-dropout = 0.1              # before the linear head
-grad_clip = 1.0            # 0 = off
+dropout = 0.0              # classifier_dropout, between the head and the classifier (HF default 0.0)
+grad_clip = 1.0            # max grad norm, 0 = off (HF Trainer's max_grad_norm default is 1.0)
 pos_weight = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per label) | a number
 # linear probing: the encoder is frozen and only the head trains. Its features are computed
 # once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
@@ -493,42 +495,107 @@ def group_accuracy(examples, gold, pred):
             for g in names}
 
 
+# ----------------------------------------------------------------------------------------
+# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
+# difference is A's mean over fine-tuning seeds minus B's, both replicates sharing their
+# data order and seed. Fine-tuning seeds within a unit are not independent evidence about
+# pretraining, so they are averaged, never counted as units. Both tests are one-sided (A > B).
+# ----------------------------------------------------------------------------------------
+def sign_flip_p(d):
+    """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
+    negative as positive, so all 2^n sign patterns are equally likely; p = share of patterns
+    whose mean is >= the observed mean. The observed pattern counts, so p >= 1/2^n."""
+    d = np.asarray(d, float)
+    if len(d) > 20:  # 2^20 patterns is the most we enumerate; beyond, a seeded Monte Carlo
+        signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(2 ** 20, len(d)))
+        return float((1 + np.sum((signs * d).mean(1) >= d.mean() - 1e-12)) / (1 + 2 ** 20))
+    signs = 1.0 - 2.0 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
+    return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
+
+
 def paired_bootstrap(a, b, samples=None, seed=0):
-    """One-sided p-value that `a` beats `b`: resample the paired differences a_i - b_i
-    (one per task and seed) with replacement, and count how often the resampled mean
-    difference is <= 0. Identical inputs give p = 1 (no evidence); a clearly better a
-    gives p near 0. Fixed RNG seed: the same inputs always give the same p."""
+    """One-sided bootstrap p that `a` beats `b`: resample the paired units a_i - b_i with
+    replacement; p = (1 + #resampled means <= 0) / (1 + samples), so p >= 1/(samples + 1)
+    and never prints as 0. Anti-conservative for a handful of units (it treats the observed
+    spread as the population's): read it next to the sign-flip p. Fixed RNG seed."""
     d = np.asarray(a, float) - np.asarray(b, float)
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(samples or bootstrap_samples, len(d)))].mean(1)
-    return float(np.mean(means <= 0))
+    if not np.any(d):
+        return 1.0  # no difference at all: no evidence
+    samples = samples or bootstrap_samples
+    means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
+    return float((1 + np.sum(means <= 0)) / (1 + samples))
+
+
+def t_quantile(q, df):
+    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically from 0 (the
+    run-time dependencies have no scipy)."""
+    x = np.linspace(0.0, 100.0, 1_000_001)
+    logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(q, cdf, x))
+
+
+def mean_interval(d, level=0.95):
+    """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
+    lo = hi = mean for a single unit (no spread to estimate)."""
+    d = np.asarray(d, float)
+    m = float(d.mean())
+    if len(d) < 2:
+        return m, m, m
+    half = t_quantile(0.5 + level / 2, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    return m, m - half, m + half
+
+
+def detectable_difference(d, alpha=0.05, power=0.80):
+    """The smallest true mean difference a one-sided paired t test at `alpha` over these
+    units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
+    d = np.asarray(d, float)
+    if len(d) < 2:
+        return float("nan")
+    df = len(d) - 1
+    return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
+
+
+def format_p(p):
+    """A p-value as text; it is never 0 (every p here has a floor above 0)."""
+    return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
 
 # ----------------------------------------------------------------------------------------
-# The fine-tuning model: encoder body, dropout, a linear head (per token for NER, on the
-# pooled vector otherwise). ModernBERT's MLM head and decoder are not used.
+# The fine-tuning model: transformers' ModernBertForTokenClassification (NER) and
+# ModernBertForSequenceClassification (the rest), layer for layer: encoder body ->
+# [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM prediction head (dense,
+# GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. Parameter
+# names match HF's (model.*, head.*, classifier.*). Only the MLM decoder is left out.
 # ----------------------------------------------------------------------------------------
 class TaskModel(nn.Module):
-    def __init__(self, body, n_out, per_token):
+    def __init__(self, encoder, n_out, per_token):
         super().__init__()
-        self.body, self.per_token = body, per_token
+        self.model, self.head, self.per_token = encoder.model, encoder.head, per_token
         self.drop = nn.Dropout(dropout)
-        self.head = nn.Linear(body.config.hidden_size, n_out)
-        nn.init.normal_(self.head.weight, std=body.config.initializer_range)  # as the encoder's init
-        nn.init.zeros_(self.head.bias)
+        self.classifier = nn.Linear(encoder.config.hidden_size, n_out)
+        std = encoder.config.hidden_size ** -0.5  # HF's "final_out" init of the classifier
+        nn.init.trunc_normal_(self.classifier.weight, std=std, a=-2 * std, b=2 * std)
+        nn.init.zeros_(self.classifier.bias)
+
+    @property
+    def config(self):
+        return self.model.config
 
     def features(self, ids, mask, target=None):
-        """Head inputs: pooled (B, d), or for NER the labeled tokens' vectors (N, d)."""
-        h = self.body(ids, attention_mask=mask)
+        """Classifier inputs: head(pooled body output) (B, d), or for NER head(h) of the
+        labeled tokens (N, d) (the head is per position, so selecting first is the same)."""
+        h = self.model(ids, attention_mask=mask)
         if self.per_token:
-            return h[target != IGNORE]
+            return self.head(h[target != IGNORE])
         if pooling == "cls":
-            return h[:, 0]
+            return self.head(h[:, 0])
         m = mask.unsqueeze(-1).to(h.dtype)
-        return (h * m).sum(1) / m.sum(1)
+        return self.head((h * m).sum(1) / m.sum(1))
 
     def forward(self, x):
-        return self.head(self.drop(x))
+        return self.classifier(self.drop(x))
 
 
 def get_device():
@@ -601,7 +668,7 @@ def embed(tm, examples, dev):
     out = [None] * len(examples)
     for idx in length_batches(examples):
         batch = [examples[i] for i in idx]
-        ids, mask, target = pad_batch(batch, tm.body.config.pad_token_id, dev)
+        ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
         with autocast(dev):
             x = tm.features(ids, mask, target).float().cpu()
         if tm.per_token:
@@ -614,7 +681,7 @@ def embed(tm, examples, dev):
 def probe_features(model, task):
     """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
     dev = get_device()
-    tm = TaskModel(model.model.to(dev), 1, per_token=task["kind"] == "ner").to(dev)  # its head is unused
+    tm = TaskModel(model.to(dev), 1, per_token=task["kind"] == "ner").to(dev)  # its classifier is unused
     return {s: embed(tm, task[s], dev) for s in ("train", "dev", "test")}
 
 
@@ -622,7 +689,7 @@ def head_inputs(tm, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
         return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
     batch = [examples[i] for i in idx]
-    ids, mask, target = pad_batch(batch, tm.body.config.pad_token_id, dev)
+    ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
     return tm.features(ids, mask, target)
 
 
@@ -667,12 +734,12 @@ def finetune_one(model, task, seed, feats=None, desc="", keep_model=False):
     plus model=the TaskModel with the best epoch's weights when keep_model (for analysis).
     `feats`: optional probe_features(model, task), to share them across seeds."""
     dev, kind, frozen = get_device(), task["kind"], task["probe"] or probe
-    torch.manual_seed(seed)  # the head's init and dropout; the batch order has its own RNG
+    torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if kind == "regression" else len(task["labels"])
     # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
     # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
-    body = model.model.to(dev) if frozen else copy.deepcopy(model.model)
-    tm = TaskModel(body, n_out, per_token=kind == "ner").to(dev)
+    encoder = model.to(dev) if frozen else copy.deepcopy(model)
+    tm = TaskModel(encoder, n_out, per_token=kind == "ner").to(dev)
     if frozen:
         feats = feats or probe_features(model, task)
     else:
@@ -683,7 +750,7 @@ def finetune_one(model, task, seed, feats=None, desc="", keep_model=False):
         y = torch.tensor([ex["y"] for ex in train])
         pw = ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if pos_weight == "auto"
               else torch.full((n_out,), float(pos_weight))).to(dev)
-    params = list(tm.head.parameters()) if frozen else list(tm.parameters())
+    params = list(tm.classifier.parameters()) if frozen else list(tm.parameters())
     groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
               dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
     peak = probe_lr if frozen else learning_rate
@@ -719,7 +786,7 @@ def finetune_one(model, task, seed, feats=None, desc="", keep_model=False):
         if best is None or m["main"] > best["main"]:
             best, best_epoch = m, epoch
             best_state = {k: v.detach().clone() for k, v in tm.state_dict().items()
-                          if not (frozen and k.startswith("body."))}
+                          if not frozen or k.startswith("classifier.")}
     bar.close()
     tm.load_state_dict(best_state, strict=not frozen)
     test = evaluate(tm, task, "test", feats["test"], dev)
@@ -874,14 +941,46 @@ def mean_std(xs):
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
 
 
+def arms_of(ckpt_paths):
+    """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
+    pretraining replicates of one arm, in the same replicate order for every arm)."""
+    arms = [list(p) if isinstance(p, (list, tuple)) else [q for q in p.split("+") if q] for p in ckpt_paths]
+    flat = [p for arm in arms for p in arm]
+    if len(set(flat)) != len(flat):
+        fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
+    return arms
+
+
+def compare(results, names, first, second):
+    """Statistics of first - second (two arms with the same number of replicates), into results."""
+    A, B = results["scores"][first], results["scores"][second]
+    reps = len(A[names[0]]["replicate_means"])
+    if reps != len(B[names[0]]["replicate_means"]):
+        fail(f"{first} and {second} have different numbers of replicates; pair them one to one")
+    # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
+    units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
+    flat = [u for n in names for u in units[n]]
+    # per task: with several replicates the interval is over them (pretraining + fine-tuning
+    # noise); with one, over the paired fine-tuning seeds (fine-tuning noise only)
+    per_task = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
+                                              for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
+    results["difference"] = {n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]}
+    results["ci95"] = {n: mean_interval(per_task[n])[1:] for n in names}
+    results["ci95"]["average"] = mean_interval(flat)[1:]
+    results["units"] = flat
+    results["p_sign_flip"] = sign_flip_p(flat)
+    results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat))
+    results["detectable_difference"] = detectable_difference(flat)
+
+
 def run(ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every checkpoint on every task with seeds 0..seeds-1 and write
-    <out_dir>/<report>.md and <report>.json. task_specs: a --tasks string, or
-    [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put above the table.
+    """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
+    with seeds 0..seeds-1 and write <out_dir>/<report>.md and <report>.json. task_specs: a
+    --tasks string, or [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put
+    above the table. With two arms, the second is compared with the first (compare).
     -> the results dict (as in the json)."""
     dev = get_device()
-    if len(set(ckpt_paths)) != len(ckpt_paths):
-        fail(f"a checkpoint is listed twice in {','.join(ckpt_paths)}")
+    arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
             build_default_tasks()
@@ -889,44 +988,43 @@ def run(ckpt_paths, task_specs, report="results", note=""):
     protocol = dict(learning_rate=learning_rate, weight_decay=weight_decay, batch_size=batch_size, epochs=epochs,
                     ner_epochs=ner_epochs, warmup_ratio=warmup_ratio, max_len=max_len, pooling=pooling,
                     dropout=dropout, grad_clip=grad_clip, pos_weight=pos_weight, probe=probe, probe_lr=probe_lr,
-                    probe_epochs=probe_epochs)
-    results = dict(checkpoints=list(ckpt_paths), seeds=list(range(seeds)), tasks=[], scores={}, protocol=protocol)
+                    probe_epochs=probe_epochs, max_train=max_train, max_eval=max_eval)
+    labels = ["+".join(arm) for arm in arms]
+    results = dict(checkpoints=labels, seeds=list(range(seeds)), tasks=[], scores={}, protocol=protocol)
     if note:
         results["note"] = note
-    for ckpt in ckpt_paths:
-        model, tokenizer = load_encoder(ckpt)
-        model.to(dev)
-        scores = results["scores"][ckpt] = {}
-        for name, kind, path, frozen in task_specs:
-            task = load_task(name, kind, path, tokenizer, frozen)
-            if ckpt == ckpt_paths[0]:
-                results["tasks"].append(dict(name=name, kind=kind, path=path, main=MAIN_METRIC[kind],
-                                             probe=frozen or probe, labels=task["labels"]))
-            # a frozen encoder's features are the same for every seed: compute them once
-            feats = probe_features(model, task) if frozen or probe else None
-            runs = []
-            for seed in range(seeds):
-                t0 = time.time()
-                desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
-                r = finetune_one(model, task, seed, feats, desc=desc)
-                runs.append(dict(seed=seed, **r))
-                print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
-                      f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
-            m, s = mean_std([r["test"]["main"] for r in runs])
-            scores[name] = dict(mean=m, std=s, runs=runs)
-        # the average column: each seed's mean over tasks, then mean +- std over seeds
-        per_seed = [float(np.mean([scores[t[0]]["runs"][i]["test"]["main"] for t in task_specs]))
-                    for i in range(seeds)]
-        m, s = mean_std(per_seed)
-        scores["average"] = dict(mean=m, std=s, per_seed=per_seed)
-    if len(ckpt_paths) == 2:
-        a, b = (results["scores"][c] for c in ckpt_paths)
-        names = [t[0] for t in task_specs]
-        results["difference"] = {n: a[n]["mean"] - b[n]["mean"] for n in names + ["average"]}
-        # one paired difference per (task, seed): same task, same seed, the two checkpoints
-        pairs = [(ra["test"]["main"], rb["test"]["main"])
-                 for n in names for ra, rb in zip(a[n]["runs"], b[n]["runs"])]
-        results["p_value"] = paired_bootstrap([x for x, _ in pairs], [y for _, y in pairs])
+    names = [t[0] for t in task_specs]
+    for label, arm in zip(labels, arms):
+        scores = results["scores"][label] = {n: dict(runs=[]) for n in names}
+        for rep, ckpt in enumerate(arm):
+            model, tokenizer = load_encoder(ckpt)
+            model.to(dev)
+            for name, kind, path, frozen in task_specs:
+                task = load_task(name, kind, path, tokenizer, frozen)
+                if label == labels[0] and rep == 0:
+                    results["tasks"].append(dict(name=name, kind=kind, path=path, main=MAIN_METRIC[kind],
+                                                 probe=frozen or probe, labels=task["labels"]))
+                # a frozen encoder's features are the same for every seed: compute them once
+                feats = probe_features(model, task) if frozen or probe else None
+                for seed in range(seeds):
+                    t0 = time.time()
+                    desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
+                    r = finetune_one(model, task, seed, feats, desc=desc)
+                    scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
+                    print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
+                          f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
+        for name in names:
+            sc, runs = scores[name], scores[name]["runs"]
+            sc["mean"], sc["std"] = mean_std([r["test"]["main"] for r in runs])
+            sc["replicate_means"] = [float(np.mean([r["test"]["main"] for r in runs if r["replicate"] == k]))
+                                     for k in range(len(arm))]
+        # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
+        per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
+                   for i in range(len(arm) * seeds)]
+        m, s = mean_std(per_run)
+        scores["average"] = dict(mean=m, std=s, per_run=per_run)
+    if len(arms) == 2:
+        compare(results, names, *labels)
     write_results(results, report)
     return results
 
@@ -943,22 +1041,31 @@ def markdown(results):
         cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
         lines.append(f"| {ckpt} | " + " | ".join(cells) + " |")
     if "difference" in results:
-        d = results["difference"]
-        cells = [f"{100 * d[t['name']]:+.1f}" for t in tasks_]
-        cells.append(f"{100 * d['average']:+.1f} (p = {results['p_value']:.3f})")
-        lines.append("| difference (first − second) | " + " | ".join(cells) + " |")
-    lines += ["", f"Test-set scores in %, mean ± std over seeds {results['seeds']}; each seed's epoch "
-              "is chosen on dev. average: the mean over tasks of each seed, then mean ± std over seeds."]
+        d, ci = results["difference"], results["ci95"]
+        cells = [f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]"
+                 for n in [t["name"] for t in tasks_] + ["average"]]
+        lines.append("| difference (first − second) [95% CI] | " + " | ".join(cells) + " |")
+    reps = len(results["scores"][results["checkpoints"][0]][tasks_[0]["name"]].get("replicate_means", [0]))
+    lines += ["", f"Test-set scores in %, mean ± std over all runs ({reps} pretraining replicate(s) x seeds "
+              f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "
+              "run, then mean ± std over runs."]
     if "difference" in results:
-        lines.append(f"p: one-sided paired bootstrap that the first checkpoint beats the second: the "
-                     f"{len(tasks_) * len(results['seeds'])} (task, seed) differences are resampled with "
-                     f"replacement {bootstrap_samples} times; p = share of resampled mean differences <= 0.")
+        n = len(results["units"])
+        lines += ["", f"Units: the {n} (task × pretraining replicate) paired differences, each the first's mean over "
+                  f"fine-tuning seeds minus the second's. One-sided tests that the first beats the second: exact "
+                  f"sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = {format_p(0.5 ** n)}); paired "
+                  f"bootstrap p = {format_p(results['p_bootstrap'])} ({bootstrap_samples} resamples, "
+                  "anti-conservative for few units). 95% CI per task: t interval over "
+                  + ("the replicates (pretraining and fine-tuning noise)" if reps > 1 else
+                     "the fine-tuning seeds (fine-tuning noise only: one pretraining run per arm)")
+                  + "; for the average, over the units. Smallest average difference this design detects "
+                  f"(80% power, one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
     for t in tasks_:
         runs = {c: results["scores"][c][t["name"]]["runs"] for c in results["checkpoints"]}
         groups = list(next(iter(runs.values()))[0]["test"].get("groups", {}))
         if not groups:
             continue
-        lines += ["", f"{t['name']}: test accuracy by group (%, mean over seeds)", "",
+        lines += ["", f"{t['name']}: test accuracy by group (%, mean over runs)", "",
                   "| checkpoint | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
         for c, rs in runs.items():
             accs = [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
@@ -1214,7 +1321,7 @@ def main(argv=None):
         fail(f"--pos_weight must be none, auto or a number, got {pos_weight!r}")
     if analysis not in ("", "cka", "drift", "transplant"):
         fail(f"--analysis must be cka, drift or transplant, got {analysis!r}")
-    paths = [p.strip() for p in ckpts.split(",") if p.strip()]
+    paths = [p.strip() for p in ckpts.split(",") if p.strip()]  # "A1+A2": replicates of one arm
     if analysis == "cka":
         return cka_divergence(paths)
     if analysis == "drift":
@@ -1230,7 +1337,7 @@ def main(argv=None):
               "10 / 20 epochs, 5 seeds, 5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
     if analysis == "transplant":
         return transplant(paths, layers, tasks)
-    found = [p for p in paths if os.path.isdir(p)]
+    found = [p for p in paths if all(os.path.isdir(q) for q in p.split("+") if q)]
     if not found:
         fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
     for p in paths:

@@ -138,11 +138,40 @@ def test_other_metrics_by_hand():
 def test_paired_bootstrap():
     a = [0.8, 0.7, 0.9, 0.85, 0.75, 0.8]
     assert ft.paired_bootstrap(a, a) == 1.0                        # no difference: no evidence
-    assert ft.paired_bootstrap([x + 0.05 for x in a], a) == 0.0    # always better
+    # always better: the floor 1/(samples + 1), never 0
+    assert ft.paired_bootstrap([x + 0.05 for x in a], a, samples=999) == pytest.approx(1 / 1000)
     noisy = [x + d for x, d in zip(a, [0.02, 0.03, -0.01, 0.04, 0.02, 0.01])]
     p = ft.paired_bootstrap(noisy, a)
     assert p < 0.05 and p == ft.paired_bootstrap(noisy, a)         # fixed RNG: reproducible
     assert ft.paired_bootstrap(a, noisy) > 0.95
+
+
+def test_sign_flip_p_by_hand():
+    # 3 positive differences of 3: only the observed sign pattern reaches the observed mean
+    assert ft.sign_flip_p([0.01, 0.02, 0.03]) == 1 / 8
+    # (+3, -1): patterns (+3,-1) mean 1, (+3,+1) mean 2 reach >= 1; (-3,+1), (-3,-1) do not
+    assert ft.sign_flip_p([3.0, -1.0]) == 2 / 4
+    assert ft.sign_flip_p([0.0, 0.0]) == 1.0                     # nothing to see: every pattern ties
+    assert ft.sign_flip_p([-1.0, -2.0, -3.0]) == 1.0
+
+
+def test_no_p_prints_below_its_floor():
+    for n in (1, 3, 5, 9):
+        d = [0.01 * (i + 1) for i in range(n)]                    # the most extreme data: all positive
+        assert ft.sign_flip_p(d) == pytest.approx(0.5 ** n)
+        assert ft.paired_bootstrap(d, [0.0] * n, samples=500) >= 1 / 501
+        for p in (ft.sign_flip_p(d), ft.paired_bootstrap(d, [0.0] * n, samples=500)):
+            assert float(ft.format_p(p)) > 0 and ft.format_p(p) != "0.000"
+
+
+def test_t_quantile_and_interval():
+    assert ft.t_quantile(0.975, 1) == pytest.approx(12.706, abs=2e-3)
+    assert ft.t_quantile(0.975, 4) == pytest.approx(2.776, abs=2e-3)
+    assert ft.t_quantile(0.95, 30) == pytest.approx(1.697, abs=2e-3)
+    m, lo, hi = ft.mean_interval([1.0, 2.0, 3.0])
+    assert m == 2.0 and hi - m == pytest.approx(4.303 * 1.0 / 3 ** 0.5, abs=1e-2) and m - lo == pytest.approx(hi - m)
+    # detectable difference: (t_.95 + t_.80) sd / sqrt(n), shrinking with more units
+    assert ft.detectable_difference([1.0, 2.0, 3.0] * 4) < ft.detectable_difference([1.0, 2.0, 3.0])
 
 
 # ----------------------------------------------------------------------------------------
@@ -303,14 +332,69 @@ def test_two_checkpoints_end_to_end(tmp_path, fast, monkeypatch):
     results = ft.run([a, b], spec)
     md = open(tmp_path / "results" / "results.md").read()
     saved = json.load(open(tmp_path / "results" / "results.json"))
-    assert "| difference (first − second) |" in md and "p = " in md and "drugs: test accuracy by group" in md
-    assert saved["checkpoints"] == [a, b] and 0 <= saved["p_value"] <= 1
+    assert "| difference (first − second) [95% CI] |" in md and "sign-flip p = " in md and "drugs: test accuracy by group" in md
+    assert saved["checkpoints"] == [a, b] and 1 / 8 <= saved["p_sign_flip"] <= 1   # 3 tasks x 1 replicate
     for ckpt in (a, b):
         for t in ("drugs", "ents", "pairs"):
             assert [r["seed"] for r in saved["scores"][ckpt][t]["runs"]] == [0, 1]
-        assert len(saved["scores"][ckpt]["average"]["per_seed"]) == 2
+        assert len(saved["scores"][ckpt]["average"]["per_run"]) == 2
     d = results["difference"]["drugs"]
     assert d == pytest.approx(results["scores"][a]["drugs"]["mean"] - results["scores"][b]["drugs"]["mean"])
+
+
+def test_replicates_are_the_unit_of_the_test(tmp_path, fast, monkeypatch):
+    """--ckpts A1+A2,B1+B2: each arm's replicates are fine-tuned alike; the test's units are the
+    (task x replicate) seed-averaged differences, so 1 task x 2 replicates -> 2 units."""
+    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "results"))
+    a1, a2, b1, b2 = (make_ckpt(tmp_path / n, seed=s)[0] for n, s in (("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3)))
+    spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
+    res = ft.run([f"{a1}+{a2}", f"{b1}+{b2}"], spec)
+    A, B = res["scores"][f"{a1}+{a2}"]["drugs"], res["scores"][f"{b1}+{b2}"]["drugs"]
+    assert [(r["replicate"], r["seed"]) for r in A["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    want = [x - y for x, y in zip(A["replicate_means"], B["replicate_means"])]
+    assert res["units"] == pytest.approx(want) and len(res["units"]) == 2
+    assert res["p_sign_flip"] == ft.sign_flip_p(want) and res["p_sign_flip"] >= 0.25
+    lo, hi = res["ci95"]["drugs"]
+    assert lo <= res["difference"]["drugs"] <= hi
+
+
+def hf_task_pair(tmp_path, hf_class, **kw):
+    """Our TaskModel and transformers' task model from one HF directory, same classifier."""
+    transformers = pytest.importorskip("transformers")
+    path, _ = make_ckpt(tmp_path / "ck", seed=3)
+    ours = detour.load_hf(path)
+    with torch.no_grad():  # non-trivial head norm and bias, so the head's every parameter matters
+        for n, p in ours.named_parameters():
+            if "norm" in n or "bias" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    detour.save_hf(ours, path)
+    ref = getattr(transformers, hf_class).from_pretrained(path, num_labels=5, attn_implementation="sdpa", **kw)
+    tm = ft.TaskModel(detour.load_hf(path), 5, per_token=hf_class.endswith("TokenClassification"))
+    tm.classifier.load_state_dict(ref.classifier.state_dict())
+    ids = torch.randint(5, 96, (3, 21), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 15:], mask[2, 20:] = 0, 0  # padding present
+    ids[mask == 0] = 0
+    return tm.eval(), ref.eval(), ids, mask
+
+
+def test_token_logits_equal_ModernBertForTokenClassification(tmp_path):
+    tm, ref, ids, mask = hf_task_pair(tmp_path, "ModernBertForTokenClassification")
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits[mask.bool()]
+        target = torch.where(mask.bool(), 0, ft.IGNORE)  # every real token is labeled
+        got = tm(tm.features(ids, mask, target))
+    assert (got - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("pool", ["mean", "cls"])
+def test_sequence_logits_equal_ModernBertForSequenceClassification(pool, tmp_path, monkeypatch):
+    monkeypatch.setattr(ft, "pooling", pool)
+    tm, ref, ids, mask = hf_task_pair(tmp_path, "ModernBertForSequenceClassification", classifier_pooling=pool)
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = tm(tm.features(ids, mask))
+    assert (got - want).abs().max().item() < 1e-4
 
 
 def test_default_tasks_are_built_and_read_back(tmp_path, monkeypatch):

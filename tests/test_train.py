@@ -110,6 +110,19 @@ def test_schedules():
     assert abs(detour.lr_at(d, 25, 100) - (0.1 + 0.9 * (1 - math.sqrt(0.25)))) < 1e-12
 
 
+def test_first_decay_step_runs_at_peak():
+    """A 13-step decay: step 1 at the peak (not 0.75x), then 1 - sqrt down towards 10%."""
+    d = cfg_of(phase="decay", learning_rate=2e-4, min_lr_ratio=0.1)
+    lrs = [detour.lr_at(d, k * 100, 1300, 100) for k in range(13)]
+    assert lrs[0] == 2e-4 and all(a > b for a, b in zip(lrs, lrs[1:])) and lrs[-1] > 2e-5
+    c = cfg_of(phase="clm", learning_rate=2e-4, warmup_tokens=1000)
+    assert detour.lr_at(c, 0, 10**6, 100) == pytest.approx(2e-5)  # warmup: the first step above 0
+
+
+def test_grad_clip_defaults_to_off():
+    assert detour.DEFAULTS["grad_clip"] == 0  # upstream clips nothing; clipping treats the twins unequally
+
+
 def test_weight_decay_is_decoupled_and_skips_norms():
     m = detour.ModernBERT(CFG)
     opt = detour.make_optimizer(m, cfg_of(weight_decay=1e-5, learning_rate=2e-4))
@@ -140,7 +153,9 @@ def test_clm_then_decay_end_to_end(tiny_data, tmp_path):
     dec = out + "-decay"
     rows = log(dec)
     assert rows[-1]["tokens"] == 1024 and rows[-1]["step"] == 2
-    assert rows[0]["lr"] < 3e-3 and abs(rows[-1]["lr"] - 3e-4) < 1e-12  # 1-sqrt to 10% of the 3e-3 peak
+    # 1-sqrt from the 3e-3 peak towards 10% of it over int(0.1 x 8192) = 819 tokens, read at each
+    # step's start: step 1 at the peak, step 2 after 512 tokens
+    assert rows[0]["lr"] == 3e-3 and abs(rows[-1]["lr"] - 3e-3 * (0.1 + 0.9 * (1 - math.sqrt(512 / 819)))) < 1e-12
     dck = torch.load(os.path.join(dec, "ckpt.pt"), weights_only=False)
     assert dck["phase"] == "decay" and dck["phase1_tokens"] == 8192
     assert dck["optimizer"]["state"][0]["step"].item() == ck["optimizer"]["state"][0]["step"].item() + 2
