@@ -98,17 +98,17 @@ def _convert(key, text, default):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise SystemExit(f"error: --{key} expects true/false, got {text!r}")
+        fail(f"--{key} expects true/false, got {text!r}")
     if isinstance(default, int):
         try:
             return int(float(text)) if float(text).is_integer() else int(text)
         except ValueError:
-            raise SystemExit(f"error: --{key} expects an integer, got {text!r}")
+            fail(f"--{key} expects an integer, got {text!r}")
     if isinstance(default, float):
         try:
             return float(text)
         except ValueError:
-            raise SystemExit(f"error: --{key} expects a number, got {text!r}")
+            fail(f"--{key} expects a number, got {text!r}")
     return text
 
 
@@ -120,20 +120,20 @@ def apply_overrides(namespace, argv, prog="detour.py"):
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--"):
-            raise SystemExit(f"error: unexpected argument {arg!r}; use --key value or --key=value")
+            fail(f"unexpected argument {arg!r}; use --key value or --key=value")
         if "=" in arg:
             key, text = arg[2:].split("=", 1)
         else:
             key = arg[2:]
             if i + 1 >= len(argv):
-                raise SystemExit(f"error: --{key} needs a value (e.g. --{key}=...)")
+                fail(f"--{key} needs a value (e.g. --{key}=...)")
             text = argv[i + 1]
             i += 1
         i += 1
         if key not in known:
             close = [k for k in sorted(known) if k.startswith(key[:3])][:5]
             hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
-            raise SystemExit(f"error: unknown option --{key}{hint}; see the constants at the top of {prog}")
+            fail(f"unknown option --{key}{hint}; see the constants at the top of {prog}")
         namespace[key] = changed[key] = _convert(key, text, namespace[key])
     return changed
 
@@ -545,14 +545,14 @@ def read_safetensors(path):
         n = int.from_bytes(raw[:8], "little")
         header = json.loads(raw[8:8 + n])
     except (ValueError, UnicodeDecodeError):
-        raise SystemExit(f"error: {path} is not a safetensors file (corrupt header); re-export or re-download it")
+        fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
     base, out = 8 + n, {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         start, end = info["data_offsets"]
         if base + end > len(raw) or info["dtype"] not in _ST_DTYPES:
-            raise SystemExit(f"error: {path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
+            fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
         t = torch.frombuffer(bytearray(raw[base + start:base + end]), dtype=_ST_DTYPES[info["dtype"]])
         out[name] = t.reshape(info["shape"])
     return out
@@ -568,24 +568,35 @@ def write_safetensors(tensors, path):
         blobs.append(b)
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * (-len(h) % 8)  # align tensor data to 8 bytes
-    _atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
+    atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
 
 
-def _atomic_write(path, write_fn):
-    """Write to a temp file in the same directory, fsync, rename: never a half-written file."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        write_fn(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def fail(message):
+    """A user's mistake, the project's one error style: `error: <what>; <how to fix it>` on one
+    line, exit status 1, no traceback."""
+    raise SystemExit(f"error: {message}")
+
+
+def atomic_write(path, write_fn):
+    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync,
+    rename: readers never see a half-written file, and a crash keeps the previous one."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def config_from_hf(d):
     """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the
     newer (layer_types, rope_parameters) form."""
     if d.get("model_type") != "modernbert":
-        raise SystemExit(f"error: config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
+        fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
                          "detour loads ModernBERT checkpoints only")
     kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
     rp = d.get("rope_parameters") or {}
@@ -595,9 +606,9 @@ def config_from_hf(d):
         kw["local_rope_theta"] = rp["sliding_attention"].get("rope_theta", Config.local_rope_theta)
     for bad in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"):
         if d.get(bad):
-            raise SystemExit(f"error: config.json sets {bad}=true; detour's ModernBERT has no biases there")
+            fail(f"config.json sets {bad}=true; detour's ModernBERT has no biases there")
     if d.get("hidden_activation", "gelu") != "gelu":
-        raise SystemExit("error: config.json hidden_activation is not 'gelu'; unsupported")
+        fail(f"config.json hidden_activation is not 'gelu'; unsupported")
     return Config(**kw)
 
 
@@ -620,7 +631,7 @@ def load_hf(directory):
     cfg_path, st_path = os.path.join(directory, "config.json"), os.path.join(directory, "model.safetensors")
     for p in (cfg_path, st_path):
         if not os.path.exists(p):
-            raise SystemExit(f"error: {p} not found; point at a directory with config.json and model.safetensors")
+            fail(f"{p} not found; point at a directory with config.json and model.safetensors")
     with open(cfg_path) as f:
         config = config_from_hf(json.load(f))
     model = ModernBERT(config)
@@ -628,7 +639,7 @@ def load_hf(directory):
     sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        raise SystemExit(f"error: {st_path} does not match a ModernBertForMaskedLM: "
+        fail(f"{st_path} does not match a ModernBertForMaskedLM: "
                          f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model
 
@@ -641,10 +652,10 @@ def save_hf(model, directory, tokenizer_path=None):
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
     write_safetensors(sd, os.path.join(directory, "model.safetensors"))
     text = json.dumps(config_to_hf(model.config), indent=2).encode()
-    _atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
+    atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
     if tokenizer_path:
         data = open(tokenizer_path, "rb").read()
-        _atomic_write(os.path.join(directory, "tokenizer.json"), lambda f: f.write(data))
+        atomic_write(os.path.join(directory, "tokenizer.json"), lambda f: f.write(data))
 
 
 def document_ids(idx, sep_token_id):
@@ -664,11 +675,11 @@ def load_data(data_dir, split):
     meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
     for p in (meta_path, bin_path):
         if not os.path.exists(p):
-            raise SystemExit(f"error: {p} not found; run `python data/prepare.py` (or set --data_dir)")
+            fail(f"{p} not found; run `python data/prepare.py` (or set --data_dir)")
     with open(meta_path) as f:
         meta = json.load(f)
     if os.path.getsize(bin_path) == 0:
-        raise SystemExit(f"error: {bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
+        fail(f"{bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
     return meta, np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
 
 
@@ -680,7 +691,7 @@ class Windows:
         self.data, self.T, self.seed = data, seq_len, data_seed
         self.n = (len(data) - 1) // seq_len
         if self.n < 1:
-            raise SystemExit(f"error: {len(data)} tokens cannot fill one window of seq_len={seq_len}; "
+            fail(f"{len(data)} tokens cannot fill one window of seq_len={seq_len}; "
                              "prepare more data or lower --seq_len")
         self._epoch, self._perm = None, None
 
@@ -777,9 +788,9 @@ def parse_layers(spec, n_layers):
             a, _, b = part.partition("-")
             out.update(range(int(a), int(b or a) + 1))
         except ValueError:
-            raise SystemExit(f"error: --freeze_layers {spec!r} is not like '0-7' or '0-3,10'")
+            fail(f"--freeze_layers {spec!r} is not like '0-7' or '0-3,10'")
     if out and max(out) >= n_layers:
-        raise SystemExit(f"error: --freeze_layers {spec!r} names layer {max(out)}, the model has {n_layers}")
+        fail(f"--freeze_layers {spec!r} names layer {max(out)}, the model has {n_layers}")
     return sorted(out)
 
 
@@ -790,17 +801,17 @@ def save_checkpoint(path, model, optimizer, cfg, state):
     model = getattr(model, "_orig_mod", model)  # never save torch.compile's prefixed names
     ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), model_args=asdict(model.config),
                 config=vars(cfg), torch_rng=torch.get_rng_state(), **state)
-    _atomic_write(path, lambda f: torch.save(ckpt, f))
+    atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def load_checkpoint(directory):
     path = os.path.join(directory, "ckpt.pt")
     if not os.path.exists(path):
-        raise SystemExit(f"error: no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
+        fail(f"no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise SystemExit(f"error: {path} is unreadable ({type(e).__name__}); restore it or retrain")
+        fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
 
 
 def build_model(cfg, meta):
@@ -821,14 +832,14 @@ def build_model(cfg, meta):
         model = load_hf(cfg.init_from)
     c = model.config
     if meta["vocab_size"] > c.vocab_size:
-        raise SystemExit(f"error: data vocab ({meta['vocab_size']}) is larger than the model's ({c.vocab_size}); "
+        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({c.vocab_size}); "
                          "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
     for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
         if meta.get(k) != getattr(c, k):
-            raise SystemExit(f"error: data {k}={meta.get(k)} but model {k}={getattr(c, k)}; "
+            fail(f"data {k}={meta.get(k)} but model {k}={getattr(c, k)}; "
                              "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
     if cfg.seq_len > c.max_position_embeddings:
-        raise SystemExit(f"error: --seq_len {cfg.seq_len} exceeds max_position_embeddings "
+        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings "
                          f"{c.max_position_embeddings}; lower --seq_len")
     return model, ckpt
 
@@ -840,7 +851,7 @@ def resolve_out_dir(cfg):
     if cfg.out_dir:
         return cfg.out_dir
     if cfg.phase == "decay" and cfg.init_from == "resume":
-        raise SystemExit("error: to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+        fail(f"to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
     if cfg.phase == "decay":
         return cfg.init_from.rstrip("/") + "-decay"
     return os.path.join("out", cfg.phase)
@@ -911,11 +922,11 @@ def train(cfg):
     from tqdm import tqdm
 
     if cfg.phase not in ("clm", "mlm", "decay"):
-        raise SystemExit(f"error: --phase {cfg.phase!r} is unknown; use clm, mlm or decay")
+        fail(f"--phase {cfg.phase!r} is unknown; use clm, mlm or decay")
     if cfg.preset not in PRESETS:
-        raise SystemExit(f"error: --preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
+        fail(f"--preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
     if cfg.phase == "decay" and cfg.init_from == "scratch":
-        raise SystemExit("error: --phase decay starts from a Phase-1 checkpoint; pass --init_from out/clm")
+        fail(f"--phase decay starts from a Phase-1 checkpoint; pass --init_from out/clm")
     rank, world, device = setup_distributed(cfg)
     master = rank == 0
     cfg.out_dir = resolve_out_dir(cfg)
@@ -931,16 +942,16 @@ def train(cfg):
         model.load_state_dict(state["model"])
     else:
         if os.path.exists(ckpt_path) and not cfg.overwrite:
-            raise SystemExit(f"error: {ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
+            fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
                              "use --init_from resume to continue it, another --out_dir, or --overwrite true")
         model, state = build_model(cfg, meta)
         if cfg.phase == "decay" and state.get("phase") not in ("clm", "mlm"):
-            raise SystemExit(f"error: --phase decay needs a Phase-1 (clm or mlm) checkpoint; "
+            fail(f"--phase decay needs a Phase-1 (clm or mlm) checkpoint; "
                              f"{cfg.init_from} holds phase {state.get('phase')!r}")
     config = model.config
     hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
     if hi >= config.vocab_size or hi >= meta["vocab_size"]:
-        raise SystemExit(f"error: token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
+        fail(f"token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
                          f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
 
     frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
@@ -968,7 +979,7 @@ def train(cfg):
 
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     if cfg.global_batch_size % (cfg.batch_size * world):
-        raise SystemExit(f"error: global_batch_size {cfg.global_batch_size} is not a multiple of "
+        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
                          f"batch_size x ranks = {cfg.batch_size * world}")
     accum = cfg.global_batch_size // (cfg.batch_size * world)
     if cfg.phase == "decay":
@@ -1011,7 +1022,7 @@ def train(cfg):
         if resume and os.path.exists(log_path):  # drop records of steps after the checkpoint (a kill -9)
             with open(log_path) as f:
                 kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            _atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
+            atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
         log = open(log_path, "a")
         print(f"detour: phase={cfg.phase} params={raw_model.num_params() / 1e6:.2f}M layers={config.num_hidden_layers} "
               f"d={config.hidden_size} ranks={world} accum={accum} steps={total_steps} "
@@ -1043,7 +1054,7 @@ def train(cfg):
             dist.all_reduce(loss_sum)
             loss_sum /= world
         if not math.isfinite(loss_sum.item()):
-            raise SystemExit(f"error: loss is {loss_sum.item()} at step {step}; the last good checkpoint "
+            fail(f"loss is {loss_sum.item()} at step {step}; the last good checkpoint "
                              f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
