@@ -977,7 +977,7 @@ def run(ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
     with seeds 0..seeds-1 and write <out_dir>/<report>.md and <report>.json. task_specs: a
     --tasks string, or [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put
-    above the table. With two arms, the second is compared with the first (compare).
+    above the table. With two or more arms, the first is compared with the second (compare).
     -> the results dict (as in the json)."""
     dev = get_device()
     arms = arms_of(ckpt_paths)
@@ -1023,8 +1023,8 @@ def run(ckpt_paths, task_specs, report="results", note=""):
                    for i in range(len(arm) * seeds)]
         m, s = mean_std(per_run)
         scores["average"] = dict(mean=m, std=s, per_run=per_run)
-    if len(arms) == 2:
-        compare(results, names, *labels)
+    if len(arms) >= 2:
+        compare(results, names, *labels[:2])
     write_results(results, report)
     return results
 
@@ -1040,11 +1040,15 @@ def markdown(results):
         sc = results["scores"][ckpt]
         cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
         lines.append(f"| {ckpt} | " + " | ".join(cells) + " |")
+        for k, rep in enumerate(ckpt.split("+") if "+" in ckpt else []):  # each replicate, seeds averaged
+            cells = [pct(sc[n]["replicate_means"][k]) for n in [t["name"] for t in tasks_]]
+            cells.append(pct(np.mean([sc[n]["replicate_means"][k] for n in [t["name"] for t in tasks_]])))
+            lines.append(f"| · replicate {k + 1}: {rep} | " + " | ".join(cells) + " |")
     if "difference" in results:
         d, ci = results["difference"], results["ci95"]
         cells = [f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]"
                  for n in [t["name"] for t in tasks_] + ["average"]]
-        lines.append("| difference (first − second) [95% CI] | " + " | ".join(cells) + " |")
+        lines.append("| difference (first − second arm) [95% CI] | " + " | ".join(cells) + " |")
     reps = len(results["scores"][results["checkpoints"][0]][tasks_[0]["name"]].get("replicate_means", [0]))
     lines += ["", f"Test-set scores in %, mean ± std over all runs ({reps} pretraining replicate(s) x seeds "
               f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "

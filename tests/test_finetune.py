@@ -332,7 +332,7 @@ def test_two_checkpoints_end_to_end(tmp_path, fast, monkeypatch):
     results = ft.run([a, b], spec)
     md = open(tmp_path / "results" / "results.md").read()
     saved = json.load(open(tmp_path / "results" / "results.json"))
-    assert "| difference (first − second) [95% CI] |" in md and "sign-flip p = " in md and "drugs: test accuracy by group" in md
+    assert "| difference (first − second arm) [95% CI] |" in md and "sign-flip p = " in md and "drugs: test accuracy by group" in md
     assert saved["checkpoints"] == [a, b] and 1 / 8 <= saved["p_sign_flip"] <= 1   # 3 tasks x 1 replicate
     for ckpt in (a, b):
         for t in ("drugs", "ents", "pairs"):
@@ -356,6 +356,8 @@ def test_replicates_are_the_unit_of_the_test(tmp_path, fast, monkeypatch):
     assert res["p_sign_flip"] == ft.sign_flip_p(want) and res["p_sign_flip"] >= 0.25
     lo, hi = res["ci95"]["drugs"]
     assert lo <= res["difference"]["drugs"] <= hi
+    md = open(tmp_path / "results" / "results.md").read()
+    assert f"| · replicate 2: {b2} |" in md                 # each replicate's seed-averaged row
 
 
 def hf_task_pair(tmp_path, hf_class, **kw):
