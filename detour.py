@@ -17,12 +17,9 @@ HF-format import/export, data loading, the training loop (single process or torc
   torchrun --standalone --nproc_per_node=1 detour.py --phase decay --init_from out/clm
 
 Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy
-of this file next to its checkpoint (out_dir/detour.py): an ablation made by editing a
-constant stays reproducible.
-
-Read it in order: 1 constants, 2 the phase table, 3 the model, 4 objectives and data
-windows, 5 optimizer and schedule, 6 the training loop, 7 plumbing (HF files, FLOPs,
-distributed, command line, checkpoints and every resume/inheritance rule, main).
+of this file as out_dir/detour.py: an ablation made by editing a constant stays reproducible.
+Sections: 1 constants, 2 the phases, 3 the model, 4 objectives and data windows, 5 optimizer
+and schedule, 6 the training loop, 7 plumbing (files, HF format, FLOPs, DDP, CLI, resume, main).
 """
 import functools
 import json
@@ -46,7 +43,7 @@ from tqdm import tqdm
 
 
 # ----------------------------------------------------------------------------------------
-# Defaults. Paper values unless the comment says otherwise; the `small` preset makes the
+# 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
 # default run fit a 2-core CPU in a few minutes.
 # ----------------------------------------------------------------------------------------
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
@@ -84,6 +81,7 @@ device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
 attn_backend = "sdpa"      # sdpa (any device) | flex (CUDA: FlexAttention with block-sparse masks)
+                           # | dense_window (local layers on a dense T x T mask: slow reference)
 eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 5
@@ -110,17 +108,16 @@ IGNORE = -100  # target value that carries no loss
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Phase:
-    causal: bool                       # attention: causal mask (the detour) or bidirectional
-    targets: str                       # "next": next token at every position (clm_batch)
-                                       # "masked": the masked tokens (mlm_batch)
+    causal: bool                       # attention mask: causal (the detour) or bidirectional
+    targets: str                       # "next" token at every position (clm_batch) | "masked" (mlm_batch)
     rate: str = ""                     # the constant holding the masking rate ("" = no masking)
-    schedule: str = "warmup-constant"  # linear warmup over warmup_tokens, then constant;
-                                       # "1-sqrt": peak -> min_lr_ratio x peak (see lr_at)
-    continues: bool = False            # starts where a Phase-1 run ended (see start_point):
-    # its weights and AdamW moments (only the schedule restarts), its configuration except
-    # the keys in `own` (see main), and its data stream at the first window it did not see.
-    # Budget: decay_tokens, or decay_ratio x the Phase-1 tokens; else max_tokens.
-    own: tuple = ()                    # keys a continuing run takes from its own command line
+    schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown (lr_at)
+    # continues: starts where a Phase-1 run ended (build_model, start_point): its weights and
+    # AdamW moments (only the schedule restarts), its data stream at the first window it did
+    # not see, its configuration except the keys in `own` (main); budget decay_tokens or
+    # decay_ratio x the Phase-1 tokens (else max_tokens).
+    continues: bool = False
+    own: tuple = ()
 
 
 PHASES = {
@@ -256,7 +253,6 @@ def flex_block_mask(B, T, device, causal, window=None, attention_mask=None, doc_
     per_row = attention_mask is not None or doc_ids is not None
     return create_block_mask(lambda b, h, qi, kj: may_attend(b, qi, kj, T, causal, window, attention_mask, doc_ids),
                              B if per_row else None, None, T, T, device=device)
-
 
 
 @functools.cache  # flex_attention is fast only compiled: compile it once per process
@@ -669,7 +665,7 @@ def setup(cfg):
     torch.manual_seed(cfg.seed)
     meta, train_data = load_data(cfg.data_dir, "train")
     _, val_data = load_data(cfg.data_dir, "val")
-    raw_model, ckpt = load_start(cfg, meta)
+    raw_model, ckpt = build_model(cfg, meta)
     config = raw_model.config
     hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
     if hi >= config.vocab_size or hi >= meta["vocab_size"]:
@@ -868,15 +864,15 @@ def config_from_hf(d):
     return Config(**kw)
 
 
-def config_to_hf(c):
-    d = asdict(c)
+def config_to_hf(config):
+    d = asdict(config)
     d.update(model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-             bos_token_id=c.cls_token_id, eos_token_id=c.sep_token_id,
+             bos_token_id=config.cls_token_id, eos_token_id=config.sep_token_id,
              hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
              attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
              tie_word_embeddings=True, initializer_cutoff_factor=2.0,
-             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.global_rope_theta},
-                              "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta}})
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": config.global_rope_theta},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta}})
     for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers"):
         d.pop(k)  # layer_types and rope_parameters carry these (the newer config.json form)
     return d
@@ -922,14 +918,14 @@ def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
     T keys in a global layer, min(T, local_attention + 1) in a local one, half of that when
     causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens: the
     masking rate for MLM's sparse prediction. Norms, activations and softmax are left out."""
-    c, T = config, seq_len
-    d, inter = c.hidden_size, c.intermediate_size
-    keys = {"full_attention": T, "sliding_attention": min(T, c.local_attention + 1)}
+    T = seq_len
+    d, inter = config.hidden_size, config.intermediate_size
+    keys = {"full_attention": T, "sliding_attention": min(T, config.local_attention + 1)}
     forward = 0.0
-    for kind in c.layer_types:
+    for kind in config.layer_types:
         forward += 2 * (3 * d * d + d * d + 2 * d * inter + inter * d)
         forward += 2 * 2 * d * keys[kind] * (0.5 if causal else 1.0)
-    forward += head_fraction * 2 * (d * d + d * c.vocab_size)
+    forward += head_fraction * 2 * (d * d + d * config.vocab_size)
     return 3 * forward
 
 
@@ -962,7 +958,6 @@ def setup_distributed(cfg):
         dev = cfg.device
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1, torch.device(dev)
-    import torch.distributed as dist
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if dev.startswith("cuda"):
         torch.cuda.set_device(local)
@@ -990,23 +985,16 @@ def stop_requested(run):
 
 # Command line: `--key value` or `--key=value`, typed like the default.
 def _convert(key, text, default):
-    if isinstance(default, bool):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        fail(f"--{key} expects true/false, got {text!r}")
-    if isinstance(default, int):
-        try:
+    try:
+        if isinstance(default, bool):
+            return {"1": True, "true": True, "yes": True, "on": True,
+                    "0": False, "false": False, "no": False, "off": False}[text.lower()]
+        if isinstance(default, int):
             return int(float(text)) if float(text).is_integer() else int(text)
-        except ValueError:
-            fail(f"--{key} expects an integer, got {text!r}")
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            fail(f"--{key} expects a number, got {text!r}")
-    return text
+        return float(text) if isinstance(default, float) else text
+    except (KeyError, ValueError):
+        kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        fail(f"--{key} expects {kind}, got {text!r}")
 
 
 def apply_overrides(namespace, argv, prog="detour.py"):
@@ -1070,36 +1058,6 @@ def load_checkpoint(directory):
         fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
 
 
-def build_model(cfg, meta):
-    """Returns (model, checkpoint or None) for cfg.init_from."""
-    ckpt = None
-    if cfg.init_from == "scratch":
-        vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
-        config = Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len),
-                        **PRESETS[cfg.preset], **{k: meta[k] for k in
-                                                  ("pad_token_id", "cls_token_id", "sep_token_id",
-                                                   "mask_token_id", "unk_token_id")})
-        model = ModernBERT(config)
-    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or cfg.phase == "decay":
-        ckpt = load_checkpoint(cfg.init_from)
-        model = ModernBERT(Config(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
-    else:
-        model = load_hf(cfg.init_from)
-    c = model.config
-    if meta["vocab_size"] > c.vocab_size:
-        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({c.vocab_size}); "
-                         "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
-    for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
-        if meta.get(k) != getattr(c, k):
-            fail(f"data {k}={meta.get(k)} but model {k}={getattr(c, k)}; "
-                             "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
-    if cfg.seq_len > c.max_position_embeddings:
-        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings "
-                         f"{c.max_position_embeddings}; lower --seq_len")
-    return model, ckpt
-
-
 def resolve_out_dir(cfg):
     """out_dir, by default out/<phase>; a continuing phase's default is <init_from>-decay."""
     if cfg.out_dir:
@@ -1111,21 +1069,39 @@ def resolve_out_dir(cfg):
     return os.path.join("out", cfg.phase)
 
 
-def load_start(cfg, meta):
-    """The model a run starts from, and the checkpoint it comes from (None for scratch or HF):
-    a resumed run its own checkpoint; a fresh run must not overwrite another run's."""
+def build_model(cfg, meta):
+    """The model a run starts from, and the checkpoint it comes from (None: scratch or HF).
+    A resumed run loads its own checkpoint; a fresh run must not overwrite another run's; a
+    continuing phase (decay) needs a Phase-1 checkpoint; the data must fit the model."""
     if cfg.init_from == "resume":
         ckpt = load_checkpoint(cfg.out_dir)
         model = ModernBERT(Config(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])
         return model, ckpt
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
     if os.path.exists(ckpt_path) and not cfg.overwrite:
         fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
              "use --init_from resume to continue it, another --out_dir, or --overwrite true")
-    model, ckpt = build_model(cfg, meta)
-    phase1 = [name for name, phase in PHASES.items() if not phase.continues]
-    if PHASES[cfg.phase].continues and ckpt.get("phase") not in phase1:
+    if cfg.init_from == "scratch":
+        vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
+        model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len), **PRESETS[cfg.preset],
+                                  **{k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
+                                                          "mask_token_id", "unk_token_id")}))
+    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or PHASES[cfg.phase].continues:
+        ckpt = load_checkpoint(cfg.init_from)
+        model = ModernBERT(Config(**ckpt["model_args"]))
+        model.load_state_dict(ckpt["model"])
+    else:
+        model = load_hf(cfg.init_from)
+    config, retokenize = model.config, "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)"
+    if meta["vocab_size"] > config.vocab_size:
+        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({config.vocab_size}); {retokenize}")
+    for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
+        if meta.get(k) != getattr(config, k):
+            fail(f"data {k}={meta.get(k)} but model {k}={getattr(config, k)}; {retokenize}")
+    if cfg.seq_len > config.max_position_embeddings:
+        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings {config.max_position_embeddings}; lower --seq_len")
+    if PHASES[cfg.phase].continues and ckpt.get("phase") not in ("clm", "mlm"):
         fail(f"--phase {cfg.phase} needs a Phase-1 (clm or mlm) checkpoint; "
              f"{cfg.init_from} holds phase {ckpt.get('phase')!r}")
     return model, ckpt
