@@ -16,22 +16,34 @@ HF-format import/export, data loading, the training loop (single process or torc
   torchrun --standalone --nproc_per_node=1 detour.py --phase clm
   torchrun --standalone --nproc_per_node=1 detour.py --phase decay --init_from out/clm
 
-Every constant below can be overridden: `--key value` or `--key=value`.
+Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy
+of this file as out_dir/detour.py: an ablation made by editing a constant stays reproducible.
+Sections: 1 constants, 2 the phases, 3 the model, 4 objectives and data windows, 5 optimizer
+and schedule, 6 the training loop, 7 plumbing (files, HF format, FLOPs, DDP, CLI, resume, main).
 """
+import functools
 import json
 import math
 import os
+import signal
 import sys
 import time
+import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
+from types import SimpleNamespace
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
 
 # ----------------------------------------------------------------------------------------
-# Defaults. Paper values unless the comment says otherwise; the `small` preset makes the
+# 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
 # default run fit a 2-core CPU in a few minutes.
 # ----------------------------------------------------------------------------------------
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
@@ -69,6 +81,7 @@ device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
 attn_backend = "sdpa"      # sdpa (any device) | flex (CUDA: FlexAttention with block-sparse masks)
+                           # | dense_window (local layers on a dense T x T mask: slow reference)
 eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 5
@@ -90,56 +103,33 @@ IGNORE = -100  # target value that carries no loss
 
 
 # ----------------------------------------------------------------------------------------
-# Command-line overrides: `--key value` or `--key=value`, typed like the default.
+# 2. The phases: one entry per row of the README's objectives table. Everything that
+# differs between phases is read from here; cfg.phase only picks the entry.
 # ----------------------------------------------------------------------------------------
-def _convert(key, text, default):
-    if isinstance(default, bool):
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        fail(f"--{key} expects true/false, got {text!r}")
-    if isinstance(default, int):
-        try:
-            return int(float(text)) if float(text).is_integer() else int(text)
-        except ValueError:
-            fail(f"--{key} expects an integer, got {text!r}")
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            fail(f"--{key} expects a number, got {text!r}")
-    return text
+@dataclass(frozen=True)
+class Phase:
+    causal: bool                       # attention mask: causal (the detour) or bidirectional
+    targets: str                       # "next" token at every position (clm_batch) | "masked" (mlm_batch)
+    rate: str = ""                     # the constant holding the masking rate ("" = no masking)
+    schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown (lr_at)
+    # continues: starts where a Phase-1 run ended (build_model, start_point): its weights and
+    # AdamW moments (only the schedule restarts), its data stream at the first window it did
+    # not see, its configuration except the keys in `own` (main); budget decay_tokens or
+    # decay_ratio x the Phase-1 tokens (else max_tokens).
+    continues: bool = False
+    own: tuple = ()
 
 
-def apply_overrides(namespace, argv, prog="detour.py"):
-    """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors."""
-    known = {k for k, v in namespace.items()
-             if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    i, changed = 0, {}
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--"):
-            fail(f"unexpected argument {arg!r}; use --key value or --key=value")
-        if "=" in arg:
-            key, text = arg[2:].split("=", 1)
-        else:
-            key = arg[2:]
-            if i + 1 >= len(argv):
-                fail(f"--{key} needs a value (e.g. --{key}=...)")
-            text = argv[i + 1]
-            i += 1
-        i += 1
-        if key not in known:
-            close = [k for k in sorted(known) if k.startswith(key[:3])][:5]
-            hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
-            fail(f"unknown option --{key}{hint}; see the constants at the top of {prog}")
-        namespace[key] = changed[key] = _convert(key, text, namespace[key])
-    return changed
+PHASES = {
+    "clm": Phase(causal=True, targets="next"),
+    "mlm": Phase(causal=False, targets="masked", rate="mlm_rate"),
+    "decay": Phase(causal=False, targets="masked", rate="decay_mlm_rate", schedule="1-sqrt", continues=True,
+                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens")),
+}
 
 
 # ----------------------------------------------------------------------------------------
-# The model. Names mirror transformers' ModernBertForMaskedLM so state dicts are identical.
+# 3. The model. Names mirror transformers' ModernBertForMaskedLM so state dicts are identical.
 # ----------------------------------------------------------------------------------------
 @dataclass
 class Config:
@@ -176,6 +166,8 @@ class Config:
     @property
     def special_ids(self):
         return [self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id, self.unk_token_id]
+
+
 
 
 def rope_cos_sin(theta, head_dim, T, device):
@@ -263,63 +255,69 @@ def flex_block_mask(B, T, device, causal, window=None, attention_mask=None, doc_
                              B if per_row else None, None, T, T, device=device)
 
 
-_compiled_flex = None  # flex_attention is fast only compiled; compile it once
+@functools.cache  # flex_attention is fast only compiled: compile it once per process
+def compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
 
 
-def attention_fns(c, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
+def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
     """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors. The masks are built
-    here, once per forward, and shared by all the layers of a kind."""
-    global _compiled_flex
-    half = c.local_attention // 2
+    here, once per forward, and shared by all the layers of a kind. backend: "sdpa" (local
+    layers by block_sliding_attention), "flex" (CUDA: FlexAttention with block-sparse masks),
+    or "dense_window" (local layers as dense SDPA under the T x T window mask: the O(T^2)
+    reference, for the benchmark's ablation)."""
+    half = config.local_attention // 2
     if backend == "flex":
         try:
-            from torch.nn.attention.flex_attention import flex_attention
+            from torch.nn.attention.flex_attention import flex_attention  # optional: torch >= 2.5
         except ImportError:
             flex_attention = None
         if flex_attention is None or device.type != "cuda" or dropout > 0:
-            import warnings
             warnings.warn("attn_backend=flex needs torch >= 2.5, a CUDA device (no flex backward on CPU) "
                           "and attention_dropout 0; using sdpa")
             backend = "sdpa"
     if backend == "flex":
-        _compiled_flex = _compiled_flex or torch.compile(flex_attention)
+        flex = compiled_flex_attention()
         masks = {"full_attention": flex_block_mask(B, T, device, causal, None, attention_mask, doc_ids),
                  "sliding_attention": flex_block_mask(B, T, device, causal, half, attention_mask, doc_ids)}
-        return {kind: (lambda q, k, v, m=m: _compiled_flex(q, k, v, block_mask=m)) for kind, m in masks.items()}
+        return {kind: (lambda q, k, v, m=m: flex(q, k, v, block_mask=m)) for kind, m in masks.items()}
 
     full_mask = None  # no per-row mask: SDPA's own causal flag, no T x T tensor
     if attention_mask is not None or doc_ids is not None:
         full_mask = dense_mask(B, T, device, causal, None, attention_mask, doc_ids)
-    local_mask = block_sliding_mask(B, T, device, causal, half, attention_mask, doc_ids)
 
     def full(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout,
                                               is_causal=causal and full_mask is None)
 
-    def local(q, k, v):
-        return block_sliding_attention(q, k, v, local_mask, half, causal, dropout)
-
-    return {"full_attention": full, "sliding_attention": local}
+    if backend == "dense_window":
+        window_mask = dense_mask(B, T, device, causal, half, attention_mask, doc_ids)
+        return {"full_attention": full, "sliding_attention": lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=window_mask, dropout_p=dropout)}
+    local_mask = block_sliding_mask(B, T, device, causal, half, attention_mask, doc_ids)
+    return {"full_attention": full,
+            "sliding_attention": lambda q, k, v: block_sliding_attention(q, k, v, local_mask, half, causal, dropout)}
 
 
 class Embeddings(nn.Module):
-    def __init__(self, c):
+    def __init__(self, config):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id)
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
-        self.drop = nn.Dropout(c.embedding_dropout)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
+        self.drop = nn.Dropout(config.embedding_dropout)
 
     def forward(self, idx):
         return self.drop(self.norm(self.tok_embeddings(idx)))
 
 
 class Attention(nn.Module):
-    def __init__(self, c, layer_idx):
+    def __init__(self, config):
         super().__init__()
-        self.n_head, self.head_dim = c.num_attention_heads, c.hidden_size // c.num_attention_heads
-        self.Wqkv = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)  # rows [Q; K; V]
-        self.Wo = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.out_drop = nn.Dropout(c.attention_dropout)
+        self.n_head, self.head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)  # rows [Q; K; V]
+        self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.out_drop = nn.Dropout(config.attention_dropout)
 
     def forward(self, x, rope, attend):
         """attend(q, k, v): this layer kind's attention, from attention_fns."""
@@ -333,11 +331,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """GeGLU: Wi gives [input; gate]; the first half goes through exact (erf) GELU."""
 
-    def __init__(self, c):
+    def __init__(self, config):
         super().__init__()
-        self.Wi = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.drop = nn.Dropout(c.mlp_dropout)
-        self.Wo = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.drop = nn.Dropout(config.mlp_dropout)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
         inp, gate = self.Wi(x).chunk(2, dim=-1)
@@ -345,13 +343,14 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, c, layer_idx):
+    def __init__(self, config, layer_idx):
         super().__init__()
         # Layer 0 has no attention norm: the embedding LayerNorm just ran (as upstream).
-        self.attn_norm = nn.Identity() if layer_idx == 0 else nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
-        self.attn = Attention(c, layer_idx)
-        self.mlp_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
-        self.mlp = MLP(c)
+        self.attn_norm = (nn.Identity() if layer_idx == 0 else
+                          nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False))
+        self.attn = Attention(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
+        self.mlp = MLP(config)
 
     def forward(self, x, rope, attend):
         x = x + self.attn(self.attn_norm(x), rope, attend)
@@ -361,26 +360,26 @@ class Layer(nn.Module):
 class Encoder(nn.Module):
     """The body (HF `ModernBertModel`): embeddings, layers, final norm."""
 
-    def __init__(self, c):
+    def __init__(self, config, attn_backend="sdpa"):
         super().__init__()
-        self.config = c
-        self.embeddings = Embeddings(c)
-        self.layers = nn.ModuleList([Layer(c, i) for i in range(c.num_hidden_layers)])
-        self.final_norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
-        self.attn_backend = attn_backend  # "sdpa" | "flex"; the run's --attn_backend may set it
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList([Layer(config, i) for i in range(config.num_hidden_layers)])
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
+        self.attn_backend = attn_backend  # see attention_fns; may be changed at any time
 
     def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False):
         """idx (B, T) -> final hidden states (B, T, d); with output_hidden_states also the list
         [embedding output, layer 1 output, ..., layer L output] (before the final norm)."""
-        c, (B, T) = self.config, idx.shape
-        head_dim = c.hidden_size // c.num_attention_heads
-        attend = attention_fns(c, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
-                               c.attention_dropout if self.training else 0.0)
-        ropes = {"full_attention": rope_cos_sin(c.global_rope_theta, head_dim, T, idx.device),
-                 "sliding_attention": rope_cos_sin(c.local_rope_theta, head_dim, T, idx.device)}
+        config, (B, T) = self.config, idx.shape
+        head_dim = config.hidden_size // config.num_attention_heads
+        attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
+                               config.attention_dropout if self.training else 0.0)
+        ropes = {"full_attention": rope_cos_sin(config.global_rope_theta, head_dim, T, idx.device),
+                 "sliding_attention": rope_cos_sin(config.local_rope_theta, head_dim, T, idx.device)}
         x = self.embeddings(idx)
         hidden = [x]
-        for layer, kind in zip(self.layers, c.layer_types):
+        for layer, kind in zip(self.layers, config.layer_types):
             x = layer(x, ropes[kind], attend[kind])
             if output_hidden_states:
                 hidden.append(x)
@@ -389,10 +388,10 @@ class Encoder(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self, c):
+    def __init__(self, config):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
-        self.norm = nn.LayerNorm(c.hidden_size, eps=c.norm_eps, bias=False)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
 
     def forward(self, x):
         return self.norm(F.gelu(self.dense(x)))
@@ -433,38 +432,39 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 class ModernBERT(nn.Module):
-    """ModernBertForMaskedLM with one extra switch: `causal`."""
+    """ModernBertForMaskedLM with one extra switch: `causal`. attn_backend: see attention_fns."""
 
-    def __init__(self, config):
+    def __init__(self, config, attn_backend="sdpa"):
         super().__init__()
         self.config = config
-        self.model = Encoder(config)
+        self.model = Encoder(config, attn_backend)
         self.head = Head(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
         self.decoder.weight = self.model.embeddings.tok_embeddings.weight  # tied
-        self.apply(self._init_weights)
+        self.init_weights()
 
-    def _init_weights(self, module):
-        # Truncated normal at 2 std; output projections scaled down with depth (as upstream).
-        c = self.config
-        std_in, std_out = c.initializer_range, c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
-        if isinstance(module, nn.Embedding):
-            nn.init.trunc_normal_(module.weight, std=std_in, a=-2 * std_in, b=2 * std_in)
-        elif isinstance(module, nn.Linear):
-            is_out = any(module is m for m in self._out_projections())
-            std = std_out if is_out else std_in
-            if module is not self.decoder:  # the decoder weight *is* the embedding
-                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
+    @torch.no_grad()
+    def init_weights(self):
+        """Every tensor's initialization, as upstream: truncated normal at 2 std, std 0.02, output
+        projections (attn.Wo, mlp.Wo, head.dense) at 0.02 / sqrt(2 x layers); norms 1, the
+        decoder bias 0, the decoder weight is the embedding. The draws go in module order."""
+        std = self.config.initializer_range
+        std_out = std / math.sqrt(2.0 * self.config.num_hidden_layers)
 
-    def _out_projections(self):
-        if not hasattr(self, "head"):
-            return []
-        outs = [self.head.dense]
+        def normal(weight, s):
+            nn.init.trunc_normal_(weight, std=s, a=-2 * s, b=2 * s)
+
+        normal(self.model.embeddings.tok_embeddings.weight, std)
         for layer in self.model.layers:
-            outs += [layer.attn.Wo, layer.mlp.Wo]
-        return outs
+            normal(layer.attn.Wqkv.weight, std)
+            normal(layer.attn.Wo.weight, std_out)
+            normal(layer.mlp.Wi.weight, std)
+            normal(layer.mlp.Wo.weight, std_out)
+        normal(self.head.dense.weight, std_out)
+        nn.init.zeros_(self.decoder.bias)
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
 
     def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, return_logits=None):
         """Returns (logits, loss).
@@ -492,185 +492,18 @@ class ModernBERT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
-    """Model FLOPs per token of a training step (forward + backward = 3 x forward; a
-    multiply-add is 2 FLOPs), from the shapes alone, for MFU. Per layer: Wqkv 3d^2, Wo d^2,
-    MLP Wi 2dI and Wo Id, and attention 2d per key (scores, then the weighted sum of values):
-    T keys in a global layer, min(T, local_attention + 1) in a local one, half of that when
-    causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens: the
-    masking rate for MLM's sparse prediction. Norms, activations and softmax are left out."""
-    c, T = config, seq_len
-    d, inter = c.hidden_size, c.intermediate_size
-    keys = {"full_attention": T, "sliding_attention": min(T, c.local_attention + 1)}
-    forward = 0.0
-    for kind in c.layer_types:
-        forward += 2 * (3 * d * d + d * d + 2 * d * inter + inter * d)
-        forward += 2 * 2 * d * keys[kind] * (0.5 if causal else 1.0)
-    forward += head_fraction * 2 * (d * d + d * c.vocab_size)
-    return 3 * forward
-
-
-# Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
-# when all its words are words of torch.cuda.get_device_name(). The first match wins.
-PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12,
-                   "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
-                   "L40": 181e12, "L4": 121e12, "A10": 125e12, "A6000": 155e12, "4090": 165e12,
-                   "3090": 71e12, "MI300X": 1307e12}
-
-
-def device_peak_flops(device):
-    """bf16 peak FLOP/s of `device` (for MFU), or None on CPU and on GPUs not in the table."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    words = torch.cuda.get_device_name(device).replace("-", " ").split()
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if all(w in words for w in key.split()):
-            return flops
-    return None
-
-
 # ----------------------------------------------------------------------------------------
-# Hugging Face format: config.json + model.safetensors, read and written with a few lines
-# (an 8-byte header length, a JSON header, raw little-endian tensor bytes).
+# 4. Objectives and data windows. A packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...)
+# is cut into windows. The order is a pure function of (data_seed, sample index): the CLM and
+# MLM twins see the same windows in the same order, a resumed run continues exactly, and 1
+# or N ranks with the same global batch see the same rows.
 # ----------------------------------------------------------------------------------------
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        n = int.from_bytes(raw[:8], "little")
-        header = json.loads(raw[8:8 + n])
-    except (ValueError, UnicodeDecodeError):
-        fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
-    base, out = 8 + n, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        if base + end > len(raw) or info["dtype"] not in _ST_DTYPES:
-            fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
-        t = torch.frombuffer(bytearray(raw[base + start:base + end]), dtype=_ST_DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"])
-    return out
-
-
-def write_safetensors(tensors, path):
-    names = {v: k for k, v in _ST_DTYPES.items()}
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, t in tensors.items():
-        b = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)  # align tensor data to 8 bytes
-    atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
-
-
-def fail(message):
-    """A user's mistake, the project's one error style: `error: <what>; <how to fix it>` on one
-    line, exit status 1, no traceback."""
-    raise SystemExit(f"error: {message}")
-
-
-def atomic_write(path, write_fn):
-    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync,
-    rename: readers never see a half-written file, and a crash keeps the previous one."""
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def config_from_hf(d):
-    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the
-    newer (layer_types, rope_parameters) form."""
-    if d.get("model_type") != "modernbert":
-        fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
-                         "detour loads ModernBERT checkpoints only")
-    kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
-    rp = d.get("rope_parameters") or {}
-    if "full_attention" in rp:
-        kw["global_rope_theta"] = rp["full_attention"].get("rope_theta", Config.global_rope_theta)
-    if "sliding_attention" in rp:
-        kw["local_rope_theta"] = rp["sliding_attention"].get("rope_theta", Config.local_rope_theta)
-    for bad in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"):
-        if d.get(bad):
-            fail(f"config.json sets {bad}=true; detour's ModernBERT has no biases there")
-    if d.get("hidden_activation", "gelu") != "gelu":
-        fail(f"config.json hidden_activation is not 'gelu'; unsupported")
-    return Config(**kw)
-
-
-def config_to_hf(c):
-    d = asdict(c)
-    d.update(model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-             bos_token_id=c.cls_token_id, eos_token_id=c.sep_token_id,
-             hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
-             attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
-             tie_word_embeddings=True, initializer_cutoff_factor=2.0,
-             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c.global_rope_theta},
-                              "sliding_attention": {"rope_type": "default", "rope_theta": c.local_rope_theta}})
-    for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers"):
-        d.pop(k)  # layer_types and rope_parameters carry these (the newer config.json form)
-    return d
-
-
-def load_hf(directory):
-    """An HF ModernBERT directory (config.json + model.safetensors) -> ModernBERT."""
-    cfg_path, st_path = os.path.join(directory, "config.json"), os.path.join(directory, "model.safetensors")
-    for p in (cfg_path, st_path):
-        if not os.path.exists(p):
-            fail(f"{p} not found; point at a directory with config.json and model.safetensors")
-    with open(cfg_path) as f:
-        config = config_from_hf(json.load(f))
-    model = ModernBERT(config)
-    sd = read_safetensors(st_path)
-    sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        fail(f"{st_path} does not match a ModernBertForMaskedLM: "
-                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-    return model
-
-
-def save_hf(model, directory, tokenizer_path=None):
-    """Write config.json + model.safetensors (and tokenizer.json) loadable by
-    transformers.AutoModelForMaskedLM.from_pretrained."""
-    model = getattr(model, "_orig_mod", model)
-    os.makedirs(directory, exist_ok=True)
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
-    write_safetensors(sd, os.path.join(directory, "model.safetensors"))
-    text = json.dumps(config_to_hf(model.config), indent=2).encode()
-    atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
-    if tokenizer_path:
-        data = open(tokenizer_path, "rb").read()
-        atomic_write(os.path.join(directory, "tokenizer.json"), lambda f: f.write(data))
-
-
 def document_ids(idx, sep_token_id):
     """Document index of every token in a packed stream: [SEP] closes a document, so a
     token's id counts the [SEP]s strictly before it."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
 
-
-# ----------------------------------------------------------------------------------------
-# Data: a packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...) cut into windows.
-# The order is a pure function of (data_seed, sample index): the CLM and MLM twins see the
-# same windows in the same order, a resumed run continues exactly, and 1 or N ranks with
-# the same global batch see the same rows.
-# ----------------------------------------------------------------------------------------
 def load_data(data_dir, split):
     meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
     for p in (meta_path, bin_path):
@@ -738,32 +571,45 @@ def mlm_batch(buf, rate, gen, config, n_real_vocab):
 
 def predicted_fraction(cfg):
     """Share of positions the phase predicts: every one for CLM, the masking rate for MLM/decay."""
-    return 1.0 if cfg.phase == "clm" else cfg.mlm_rate if cfg.phase == "mlm" else cfg.decay_mlm_rate
+    rate = PHASES[cfg.phase].rate
+    return getattr(cfg, rate) if rate else 1.0
 
 
 def make_batch(cfg, buf, config, n_real_vocab, sample):
     """(inputs, targets, causal) for the run's phase; masks depend only on (seed, sample)."""
-    if cfg.phase == "clm":
+    phase = PHASES[cfg.phase]
+    if phase.targets == "next":
         x, y = clm_batch(buf, config.sep_token_id)
-        return x, y, True
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
-    x, y = mlm_batch(buf, predicted_fraction(cfg), gen, config, n_real_vocab)
-    return x, y, False
+    else:
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
+        x, y = mlm_batch(buf, predicted_fraction(cfg), gen, config, n_real_vocab)
+    return x, y, phase.causal
+
+
+def unigram_log_probs(data, vocab_size, cap=50_000_000):
+    """log p(token) of the train stream's unigram (add-one smoothed; the first `cap` tokens):
+    the baseline every loss is read against."""
+    counts = torch.from_numpy(np.bincount(np.asarray(data[:cap]), minlength=vocab_size)[:vocab_size]).double() + 1
+    return (counts / counts.sum()).log().float()
 
 
 # ----------------------------------------------------------------------------------------
-# Optimizer and schedule
+# 5. Optimizer and schedule
 # ----------------------------------------------------------------------------------------
-def make_optimizer(model, cfg, fused=False):
-    """AdamW with the paper's *fully decoupled* weight decay. FlexBERT applies
+def torch_weight_decay(cfg):
+    """The paper's *fully decoupled* weight decay for torch's AdamW. FlexBERT applies
     p *= 1 - (lr_t / peak_lr) * wd; torch's AdamW applies p *= 1 - lr_t * wd_torch, so
-    wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05). Biases and norms are not decayed."""
+    wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05)."""
+    return cfg.weight_decay / cfg.learning_rate
+
+
+def make_optimizer(model, cfg, fused=False):
+    """AdamW with decoupled weight decay (torch_weight_decay). Biases and norms are not decayed."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():  # frozen ones too: they get no grad, so AdamW skips
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)  # them, and the groups
         # stay the same across phases (a decay can load the state of a run with other frozen layers)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay / cfg.learning_rate},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": torch_weight_decay(cfg)}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              fused=fused or None)
 
@@ -774,10 +620,407 @@ def lr_at(cfg, tokens, total, step_tokens=0):
     Decay: 1 - sqrt from the peak to min_lr_ratio x peak, read at the step's start, so the first
     decay step runs at the peak (as Composer's schedulers do) and the cooldown is not cut short."""
     peak = cfg.learning_rate
-    if cfg.phase == "decay":
+    if PHASES[cfg.phase].schedule == "1-sqrt":
         progress = min(tokens / max(total, 1), 1.0)
         return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - math.sqrt(progress)))
     return peak * min(1.0, (tokens + step_tokens) / max(cfg.warmup_tokens, 1))
+
+
+# ----------------------------------------------------------------------------------------
+# 6. Training: setup() gathers the run's state, train() is the loop.
+# ----------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp):
+    """The phase's objective on a fixed set of validation windows (the same every time, masks
+    seeded by the window index), averaged over all ranks -> dict(loss, acc, unigram): the
+    loss, the share of targets predicted exactly (argmax), and the loss of the train-set
+    unigram on the same targets, the baseline every loss is read against."""
+    model.eval()
+    device = next(model.parameters()).device
+    n = max(1, min(val.n, cfg.eval_tokens // cfg.seq_len))
+    total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
+    for first in range(rank * cfg.batch_size, n, world * cfg.batch_size):
+        k = min(cfg.batch_size, n - first)
+        buf = torch.from_numpy(np.stack([val.data[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].astype(np.int64)
+                                         for i in range(first, first + k)]))
+        x, y, causal = make_batch(cfg, buf, config, n_real_vocab, sample=10**9 + first)
+        doc_ids = document_ids(x, config.sep_token_id).to(device) if cfg.doc_mask else None
+        with amp:
+            logits, loss = model(x.to(device), y.to(device), causal=causal, return_logits=True, doc_ids=doc_ids)
+        t = y[y != IGNORE]
+        acc = (logits.argmax(-1).cpu() == t).float().mean().item()
+        total += torch.tensor([loss.item() * k, acc * k, -unigram_logp[t].mean().item() * k, k])
+    if world > 1:
+        dist.all_reduce(total)
+    model.train()
+    return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
+                unigram=(total[2] / total[3]).item())
+
+
+def setup(cfg):
+    """The run's state, one namespace: the model (raw_model; model, wrapped for compile/DDP),
+    optimizer, data windows, where the run starts (step, tokens, sample0: see start_point),
+    its budget in tokens and steps, ranks, precision, FLOPs for MFU, the open log."""
+    rank, world, device = setup_distributed(cfg)
+    torch.manual_seed(cfg.seed)
+    meta, train_data = load_data(cfg.data_dir, "train")
+    _, val_data = load_data(cfg.data_dir, "val")
+    raw_model, ckpt = build_model(cfg, meta)
+    config = raw_model.config
+    hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
+    if hi >= config.vocab_size or hi >= meta["vocab_size"]:
+        fail(f"token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
+             f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
+    frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
+    for i in frozen:  # the paper's freeze interventions: these layers keep their weights
+        raw_model.model.layers[i].requires_grad_(False)
+    raw_model.to(device)
+    raw_model.model.attn_backend = cfg.attn_backend
+    optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
+    start = start_point(cfg, ckpt, optimizer)
+    if cfg.global_batch_size % (cfg.batch_size * world):
+        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
+             f"batch_size x ranks = {cfg.batch_size * world}")
+    tokens_per_step = cfg.global_batch_size * cfg.seq_len
+    model = torch.compile(raw_model) if cfg.compile else raw_model
+    if world > 1:
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
+    run = SimpleNamespace(
+        **start, rank=rank, world=world, master=rank == 0, device=device, model=model, raw_model=raw_model,
+        optimizer=optimizer, config=config, frozen=frozen, n_real_vocab=meta["vocab_size"],
+        amp=torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext(),
+        accum=cfg.global_batch_size // (cfg.batch_size * world), tokens_per_step=tokens_per_step,
+        total_steps=max(1, math.ceil(start["budget"] / tokens_per_step)),
+        windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
+        unigram_logp=unigram_log_probs(train_data, config.vocab_size), peak_flops=device_peak_flops(device),
+        flops_per_token=model_flops_per_token(config, cfg.seq_len, PHASES[cfg.phase].causal, predicted_fraction(cfg)),
+        tokenizer=tokenizer if os.path.exists(tokenizer) else None, signal=None)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
+        signal.signal(sig, lambda s, _: setattr(run, "signal", s))
+    run.log = open_outputs(cfg, run)
+    return run
+
+
+def train(cfg):
+    """Train one phase: an optimizer step per iteration until the phase's token budget is spent."""
+    run = setup(cfg)
+    model, optimizer, config, step, tokens = run.model, run.optimizer, run.config, run.step, run.tokens
+    bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress), dynamic_ncols=True)
+    model.train()
+    t0, tok0 = time.time(), tokens
+    while step < run.total_steps:
+        # the schedule's learning rate for this step
+        lr = lr_at(cfg, tokens, run.budget, run.tokens_per_step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        # forward and backward of this rank's micro-batches; DDP syncs gradients on the last one
+        loss_sum = torch.zeros(1)
+        for micro in range(run.accum):
+            first = run.sample0 + step * cfg.global_batch_size + (micro * run.world + run.rank) * cfg.batch_size
+            x, y, causal = make_batch(cfg, run.windows.rows(first, cfg.batch_size), config, run.n_real_vocab, first)
+            doc_ids = document_ids(x, config.sep_token_id).to(run.device) if cfg.doc_mask else None
+            with nullcontext() if run.world == 1 or micro == run.accum - 1 else model.no_sync():
+                with run.amp:
+                    _, loss = model(x.to(run.device), y.to(run.device), causal=causal, doc_ids=doc_ids)
+                (loss / run.accum).backward()
+            loss_sum += loss.detach().float().cpu() / run.accum
+        # the loss averaged over ranks; a diverged run stops, its last good checkpoint kept
+        if run.world > 1:
+            dist.all_reduce(loss_sum)
+            loss_sum /= run.world
+        if not math.isfinite(loss_sum.item()):
+            fail(f"loss is {loss_sum.item()} at step {step}; the last good checkpoint "
+                 f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
+        # the optimizer step
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step, tokens = step + 1, tokens + run.tokens_per_step
+        bar.update(1)
+        last_step = step == run.total_steps
+        # every log_interval steps: training loss, lr, speed and MFU
+        record = None
+        if step % cfg.log_interval == 0 or last_step:
+            record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
+                          tok_per_s=round((tokens - tok0) / max(time.time() - t0, 1e-9)))
+            if run.peak_flops:  # model FLOPs utilization against this device's bf16 peak
+                record["mfu"] = round(record["tok_per_s"] * run.flops_per_token / (run.peak_flops * run.world), 4)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
+        # every eval_interval steps: the validation loss
+        if step % cfg.eval_interval == 0 or last_step:
+            record = record or dict(step=step, tokens=tokens, lr=lr)
+            ev = evaluate(model, cfg, run.val, config, run.n_real_vocab, run.rank, run.world, run.amp, run.unigram_logp)
+            record.update(val_loss=round(ev["loss"], 5), val_acc=round(ev["acc"], 5), val_unigram=round(ev["unigram"], 5))
+            if run.master:
+                bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
+                          f"accuracy {ev['acc']:.4f}")
+        if record and run.master:
+            run.log.write(json.dumps(record) + "\n")
+            run.log.flush()
+        # every ckpt_interval steps: a checkpoint; at the last step also the HF export
+        if step % cfg.ckpt_interval == 0 or last_step:
+            save_run(cfg, run, step, tokens)
+        if last_step and run.master:
+            save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
+            print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
+        # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
+        if stop_requested(run):
+            save_run(cfg, run, step, tokens)
+            if run.master:
+                print(f"detour: stopped by signal {run.signal} at step {step}; checkpoint saved. "
+                      f"Continue with --init_from resume --out_dir {cfg.out_dir}")
+            break
+    bar.close()
+    if run.world > 1:
+        dist.destroy_process_group()
+    return run.raw_model
+
+
+# ----------------------------------------------------------------------------------------
+# 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command
+# line, then checkpoints with every resume and inheritance rule, and main.
+# ----------------------------------------------------------------------------------------
+def fail(message):
+    """A user's mistake, the project's one error style: `error: <what>; <how to fix it>` on one
+    line, exit status 1, no traceback."""
+    raise SystemExit(f"error: {message}")
+
+
+def atomic_write(path, write_fn):
+    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync,
+    rename: readers never see a half-written file, and a crash keeps the previous one."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# Hugging Face format: config.json + model.safetensors, read and written with a few lines
+# (an 8-byte header length, a JSON header, raw little-endian tensor bytes).
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+    except (ValueError, UnicodeDecodeError):
+        fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
+    base, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        if base + end > len(raw) or info["dtype"] not in _ST_DTYPES:
+            fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
+        t = torch.frombuffer(bytearray(raw[base + start:base + end]), dtype=_ST_DTYPES[info["dtype"]])
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
+def write_safetensors(tensors, path):
+    names = {v: k for k, v in _ST_DTYPES.items()}
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, t in tensors.items():
+        b = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)  # align tensor data to 8 bytes
+    atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
+
+
+
+def config_from_hf(d):
+    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the
+    newer (layer_types, rope_parameters) form."""
+    if d.get("model_type") != "modernbert":
+        fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
+                         "detour loads ModernBERT checkpoints only")
+    kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
+    rp = d.get("rope_parameters") or {}
+    if "full_attention" in rp:
+        kw["global_rope_theta"] = rp["full_attention"].get("rope_theta", Config.global_rope_theta)
+    if "sliding_attention" in rp:
+        kw["local_rope_theta"] = rp["sliding_attention"].get("rope_theta", Config.local_rope_theta)
+    for bad in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"):
+        if d.get(bad):
+            fail(f"config.json sets {bad}=true; detour's ModernBERT has no biases there")
+    if d.get("hidden_activation", "gelu") != "gelu":
+        fail(f"config.json hidden_activation is not 'gelu'; unsupported")
+    return Config(**kw)
+
+
+def config_to_hf(config):
+    d = asdict(config)
+    d.update(model_type="modernbert", architectures=["ModernBertForMaskedLM"],
+             bos_token_id=config.cls_token_id, eos_token_id=config.sep_token_id,
+             hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
+             attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
+             tie_word_embeddings=True, initializer_cutoff_factor=2.0,
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": config.global_rope_theta},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta}})
+    for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers"):
+        d.pop(k)  # layer_types and rope_parameters carry these (the newer config.json form)
+    return d
+
+
+def load_hf(directory):
+    """An HF ModernBERT directory (config.json + model.safetensors) -> ModernBERT."""
+    cfg_path, st_path = os.path.join(directory, "config.json"), os.path.join(directory, "model.safetensors")
+    for p in (cfg_path, st_path):
+        if not os.path.exists(p):
+            fail(f"{p} not found; point at a directory with config.json and model.safetensors")
+    with open(cfg_path) as f:
+        config = config_from_hf(json.load(f))
+    model = ModernBERT(config)
+    sd = read_safetensors(st_path)
+    sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        fail(f"{st_path} does not match a ModernBertForMaskedLM: "
+                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def save_hf(model, directory, tokenizer_path=None):
+    """Write config.json + model.safetensors (and tokenizer.json) loadable by
+    transformers.AutoModelForMaskedLM.from_pretrained."""
+    model = getattr(model, "_orig_mod", model)
+    os.makedirs(directory, exist_ok=True)
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
+    write_safetensors(sd, os.path.join(directory, "model.safetensors"))
+    text = json.dumps(config_to_hf(model.config), indent=2).encode()
+    atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
+    if tokenizer_path:
+        data = open(tokenizer_path, "rb").read()
+        atomic_write(os.path.join(directory, "tokenizer.json"), lambda f: f.write(data))
+
+
+# Model FLOPs, for MFU
+def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
+    """Model FLOPs per token of a training step (forward + backward = 3 x forward; a
+    multiply-add is 2 FLOPs), from the shapes alone, for MFU. Per layer: Wqkv 3d^2, Wo d^2,
+    MLP Wi 2dI and Wo Id, and attention 2d per key (scores, then the weighted sum of values):
+    T keys in a global layer, min(T, local_attention + 1) in a local one, half of that when
+    causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens: the
+    masking rate for MLM's sparse prediction. Norms, activations and softmax are left out."""
+    T = seq_len
+    d, inter = config.hidden_size, config.intermediate_size
+    keys = {"full_attention": T, "sliding_attention": min(T, config.local_attention + 1)}
+    forward = 0.0
+    for kind in config.layer_types:
+        forward += 2 * (3 * d * d + d * d + 2 * d * inter + inter * d)
+        forward += 2 * 2 * d * keys[kind] * (0.5 if causal else 1.0)
+    forward += head_fraction * 2 * (d * d + d * config.vocab_size)
+    return 3 * forward
+
+
+# Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
+# when all its words are words of torch.cuda.get_device_name(). The first match wins.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12,
+                   "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
+                   "L40": 181e12, "L4": 121e12, "A10": 125e12, "A6000": 155e12, "4090": 165e12,
+                   "3090": 71e12, "MI300X": 1307e12}
+
+
+def device_peak_flops(device):
+    """bf16 peak FLOP/s of `device` (for MFU), or None on CPU and on GPUs not in the table."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    words = torch.cuda.get_device_name(device).replace("-", " ").split()
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if all(w in words for w in key.split()):
+            return flops
+    return None
+
+
+# Distributed: torchrun, and stopping together
+def setup_distributed(cfg):
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through torchrun's own flags."""
+    if cfg.device == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        dev = cfg.device
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return 0, 1, torch.device(dev)
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(local)
+        dev = f"cuda:{local}"
+    # Namespace the rendezvous keys by torchrun's restart count: after a worker dies and
+    # torchrun --max-restarts restarts the group, stale addresses of the dead group must not be read.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_store)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
+                            store=dist.PrefixStore(f"detour/attempt{attempt}", store))
+    return rank, world, torch.device(dev)
+
+
+def stop_requested(run):
+    """Whether SIGTERM/SIGINT came, on any rank: a signal seen by one rank must not leave the
+    others waiting, so all ranks stop at the same step."""
+    if run.world > 1:
+        flag = torch.tensor([0 if run.signal is None else int(run.signal)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        run.signal = int(flag.item()) or None
+    return run.signal is not None
+
+
+# Command line: `--key value` or `--key=value`, typed like the default.
+def _convert(key, text, default):
+    try:
+        if isinstance(default, bool):
+            return {"1": True, "true": True, "yes": True, "on": True,
+                    "0": False, "false": False, "no": False, "off": False}[text.lower()]
+        if isinstance(default, int):
+            return int(float(text)) if float(text).is_integer() else int(text)
+        return float(text) if isinstance(default, float) else text
+    except (KeyError, ValueError):
+        kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        fail(f"--{key} expects {kind}, got {text!r}")
+
+
+def apply_overrides(namespace, argv, prog="detour.py"):
+    """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors."""
+    known = {k for k, v in namespace.items()
+             if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+    i, changed = 0, {}
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            fail(f"unexpected argument {arg!r}; use --key value or --key=value")
+        if "=" in arg:
+            key, text = arg[2:].split("=", 1)
+        else:
+            key = arg[2:]
+            if i + 1 >= len(argv):
+                fail(f"--{key} needs a value (e.g. --{key}=...)")
+            text = argv[i + 1]
+            i += 1
+        i += 1
+        if key not in known:
+            close = [k for k in sorted(known) if k.startswith(key[:3])][:5]
+            hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
+            fail(f"unknown option --{key}{hint}; see the constants at the top of {prog}")
+        namespace[key] = changed[key] = _convert(key, text, namespace[key])
+    return changed
 
 
 def parse_layers(spec, n_layers):
@@ -794,9 +1037,10 @@ def parse_layers(spec, n_layers):
     return sorted(out)
 
 
-# ----------------------------------------------------------------------------------------
-# Checkpoints: written to a temp file, fsynced, renamed; a crash mid-write keeps the last one.
-# ----------------------------------------------------------------------------------------
+
+
+# Checkpoints (written atomically: a crash mid-write keeps the last one), and where a run
+# starts: every resume and inheritance rule is below.
 def save_checkpoint(path, model, optimizer, cfg, state):
     model = getattr(model, "_orig_mod", model)  # never save torch.compile's prefixed names
     ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), model_args=asdict(model.config),
@@ -814,297 +1058,115 @@ def load_checkpoint(directory):
         fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
 
 
+def resolve_out_dir(cfg):
+    """out_dir, by default out/<phase>; a continuing phase's default is <init_from>-decay."""
+    if cfg.out_dir:
+        return cfg.out_dir
+    if PHASES[cfg.phase].continues and cfg.init_from == "resume":
+        fail(f"to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+    if PHASES[cfg.phase].continues:
+        return cfg.init_from.rstrip("/") + "-decay"
+    return os.path.join("out", cfg.phase)
+
+
 def build_model(cfg, meta):
-    """Returns (model, checkpoint or None) for cfg.init_from."""
-    ckpt = None
+    """The model a run starts from, and the checkpoint it comes from (None: scratch or HF).
+    A resumed run loads its own checkpoint; a fresh run must not overwrite another run's; a
+    continuing phase (decay) needs a Phase-1 checkpoint; the data must fit the model."""
+    if cfg.init_from == "resume":
+        ckpt = load_checkpoint(cfg.out_dir)
+        model = ModernBERT(Config(**ckpt["model_args"]))
+        model.load_state_dict(ckpt["model"])
+        return model, ckpt
+    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
+    if os.path.exists(ckpt_path) and not cfg.overwrite:
+        fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
+             "use --init_from resume to continue it, another --out_dir, or --overwrite true")
     if cfg.init_from == "scratch":
         vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
-        config = Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len),
-                        **PRESETS[cfg.preset], **{k: meta[k] for k in
-                                                  ("pad_token_id", "cls_token_id", "sep_token_id",
-                                                   "mask_token_id", "unk_token_id")})
-        model = ModernBERT(config)
-    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or cfg.phase == "decay":
+        model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len), **PRESETS[cfg.preset],
+                                  **{k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
+                                                          "mask_token_id", "unk_token_id")}))
+    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or PHASES[cfg.phase].continues:
         ckpt = load_checkpoint(cfg.init_from)
         model = ModernBERT(Config(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])
     else:
         model = load_hf(cfg.init_from)
-    c = model.config
-    if meta["vocab_size"] > c.vocab_size:
-        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({c.vocab_size}); "
-                         "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
+    config, retokenize = model.config, "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)"
+    if meta["vocab_size"] > config.vocab_size:
+        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({config.vocab_size}); {retokenize}")
     for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
-        if meta.get(k) != getattr(c, k):
-            fail(f"data {k}={meta.get(k)} but model {k}={getattr(c, k)}; "
-                             "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)")
-    if cfg.seq_len > c.max_position_embeddings:
-        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings "
-                         f"{c.max_position_embeddings}; lower --seq_len")
+        if meta.get(k) != getattr(config, k):
+            fail(f"data {k}={meta.get(k)} but model {k}={getattr(config, k)}; {retokenize}")
+    if cfg.seq_len > config.max_position_embeddings:
+        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings {config.max_position_embeddings}; lower --seq_len")
+    if PHASES[cfg.phase].continues and ckpt.get("phase") not in ("clm", "mlm"):
+        fail(f"--phase {cfg.phase} needs a Phase-1 (clm or mlm) checkpoint; "
+             f"{cfg.init_from} holds phase {ckpt.get('phase')!r}")
     return model, ckpt
 
 
-# ----------------------------------------------------------------------------------------
-# Training
-# ----------------------------------------------------------------------------------------
-def resolve_out_dir(cfg):
-    if cfg.out_dir:
-        return cfg.out_dir
-    if cfg.phase == "decay" and cfg.init_from == "resume":
-        fail(f"to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
-    if cfg.phase == "decay":
-        return cfg.init_from.rstrip("/") + "-decay"
-    return os.path.join("out", cfg.phase)
-
-
-def setup_distributed(cfg):
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through torchrun's own flags."""
-    if cfg.device == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        dev = cfg.device
-    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return 0, 1, torch.device(dev)
-    import torch.distributed as dist
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    if dev.startswith("cuda"):
-        torch.cuda.set_device(local)
-        dev = f"cuda:{local}"
-    # Namespace the rendezvous keys by torchrun's restart count: after a worker dies and
-    # torchrun --max-restarts restarts the group, stale addresses of the dead group must not be read.
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=rank == 0 and not agent_store)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
-                            store=dist.PrefixStore(f"detour/attempt{attempt}", store))
-    return rank, world, torch.device(dev)
-
-
-@torch.no_grad()
-def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp):
-    """The phase's objective on a fixed set of validation windows (the same every time, masks
-    seeded by the window index), averaged over all ranks -> dict(loss, acc, unigram): the
-    loss, the share of targets predicted exactly (argmax), and the loss of the train-set
-    unigram on the same targets, the baseline every loss is read against."""
-    model.eval()
-    n = max(1, min(val.n, cfg.eval_tokens // cfg.seq_len))
-    total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
-    for first in range(rank * cfg.batch_size, n, world * cfg.batch_size):
-        k = min(cfg.batch_size, n - first)
-        buf = torch.from_numpy(np.stack([val.data[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].astype(np.int64)
-                                         for i in range(first, first + k)]))
-        x, y, causal = make_batch(cfg, buf, config, n_real_vocab, sample=10**9 + first)
-        doc_ids = document_ids(x, config.sep_token_id) if cfg.doc_mask else None
-        with amp:
-            logits, loss = model(x.to(cfg._device), y.to(cfg._device), causal=causal, return_logits=True,
-                                 doc_ids=None if doc_ids is None else doc_ids.to(cfg._device))
-        t = y[y != IGNORE]
-        acc = (logits.argmax(-1).cpu() == t).float().mean().item()
-        total += torch.tensor([loss.item() * k, acc * k, -unigram_logp[t].mean().item() * k, k])
-    if world > 1:
-        import torch.distributed as dist
-        dist.all_reduce(total)
-    model.train()
-    return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
-                unigram=(total[2] / total[3]).item())
-
-
-def unigram_log_probs(data, vocab_size, cap=50_000_000):
-    """log p(token) of the train stream's unigram (add-one smoothed; the first `cap` tokens)."""
-    counts = torch.from_numpy(np.bincount(np.asarray(data[:cap]), minlength=vocab_size)[:vocab_size]).double() + 1
-    return (counts / counts.sum()).log().float()
-
-
-def train(cfg):
-    import signal
-    from contextlib import nullcontext
-    from tqdm import tqdm
-
-    if cfg.phase not in ("clm", "mlm", "decay"):
-        fail(f"--phase {cfg.phase!r} is unknown; use clm, mlm or decay")
-    if cfg.preset not in PRESETS:
-        fail(f"--preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
-    if cfg.phase == "decay" and cfg.init_from == "scratch":
-        fail(f"--phase decay starts from a Phase-1 checkpoint; pass --init_from out/clm")
-    rank, world, device = setup_distributed(cfg)
-    master = rank == 0
-    cfg.out_dir = resolve_out_dir(cfg)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    torch.manual_seed(cfg.seed)
-
-    meta, train_data = load_data(cfg.data_dir, "train")
-    _, val_data = load_data(cfg.data_dir, "val")
-    resume = cfg.init_from == "resume"
-    if resume:
-        state = load_checkpoint(cfg.out_dir)
-        model = ModernBERT(Config(**state["model_args"]))
-        model.load_state_dict(state["model"])
-    else:
-        if os.path.exists(ckpt_path) and not cfg.overwrite:
-            fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
-                             "use --init_from resume to continue it, another --out_dir, or --overwrite true")
-        model, state = build_model(cfg, meta)
-        if cfg.phase == "decay" and state.get("phase") not in ("clm", "mlm"):
-            fail(f"--phase decay needs a Phase-1 (clm or mlm) checkpoint; "
-                             f"{cfg.init_from} holds phase {state.get('phase')!r}")
-    config = model.config
-    hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
-    if hi >= config.vocab_size or hi >= meta["vocab_size"]:
-        fail(f"token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
-                         f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
-
-    frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
-    for i in frozen:  # the paper's freeze interventions: these layers keep their weights
-        model.model.layers[i].requires_grad_(False)
-    model.to(device)
-    cfg._device = device
-    optimizer = make_optimizer(model, cfg, fused=device.type == "cuda")
-
-    # Where the run starts: samples already drawn from the stream, tokens done in this phase.
-    step, tokens, sample0 = 0, 0, 0
-    if resume:
-        optimizer.load_state_dict(state["optimizer"])
-        step, tokens, sample0 = state["step"], state["tokens"], state["sample0"]
-        phase1_tokens = state["phase1_tokens"]
-        torch.set_rng_state(state["torch_rng"])
-    elif cfg.phase == "decay":
-        optimizer.load_state_dict(state["optimizer"])  # keep Adam moments; only the schedule resets
-        phase1_tokens = state["tokens"]
-        sample0 = state["sample0"] + state["step"] * state["config"]["global_batch_size"]  # fresh data
-    else:
-        phase1_tokens = 0
+def start_point(cfg, ckpt, optimizer):
+    """Where the run starts -> dict(step, tokens, sample0, phase1_tokens, budget). sample0: the
+    windows already drawn from the stream; budget: the phase's tokens. A resumed run continues
+    exactly (AdamW state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW
+    moments and starts on the first window Phase 1 did not see; other runs start afresh."""
+    step, tokens, sample0, phase1_tokens = 0, 0, 0, 0
+    if cfg.init_from == "resume":
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step, tokens, sample0, phase1_tokens = ckpt["step"], ckpt["tokens"], ckpt["sample0"], ckpt["phase1_tokens"]
+        torch.set_rng_state(ckpt["torch_rng"])
+    elif PHASES[cfg.phase].continues:
+        optimizer.load_state_dict(ckpt["optimizer"])  # keep Adam moments; only the schedule resets
+        phase1_tokens = ckpt["tokens"]
+        sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # fresh data
     for group in optimizer.param_groups:  # lr/wd come from this run's schedule, not the checkpoint
-        group["weight_decay"] = cfg.weight_decay / cfg.learning_rate if group["weight_decay"] else 0.0
-
-    tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    if cfg.global_batch_size % (cfg.batch_size * world):
-        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
-                         f"batch_size x ranks = {cfg.batch_size * world}")
-    accum = cfg.global_batch_size // (cfg.batch_size * world)
-    if cfg.phase == "decay":
+        group["weight_decay"] = torch_weight_decay(cfg) if group["weight_decay"] else 0.0
+    budget = cfg.max_tokens
+    if PHASES[cfg.phase].continues:
         budget = cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)
-    else:
-        budget = cfg.max_tokens
-    total_steps = max(1, math.ceil(budget / tokens_per_step))
+    return dict(step=step, tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens, budget=budget)
 
-    raw_model = model
-    if cfg.compile:
-        model = torch.compile(model)
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-    windows = Windows(train_data, cfg.seq_len, cfg.data_seed)
-    val = Windows(val_data, cfg.seq_len, cfg.data_seed)
-    n_real_vocab = meta["vocab_size"]
-    unigram_logp = unigram_log_probs(train_data, config.vocab_size)
-    raw_model.model.attn_backend = cfg.attn_backend
-    peak = device_peak_flops(device)
-    flops_per_token = model_flops_per_token(config, cfg.seq_len, causal=cfg.phase == "clm",
-                                            head_fraction=predicted_fraction(cfg))
 
-    stop = {"signal": None}  # SIGTERM (cluster preemption) / SIGINT: checkpoint, then exit
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _: stop.update(signal=s))
-
-    def checkpoint():
-        if master:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            save_checkpoint(ckpt_path, raw_model, optimizer, cfg,
-                            dict(phase=cfg.phase, step=step, tokens=tokens, sample0=sample0,
-                                 phase1_tokens=phase1_tokens if cfg.phase == "decay" else tokens))
-
-    if master:
+def save_run(cfg, run, step, tokens):
+    """Rank 0 checkpoints the run at `step`: what start_point needs to resume it."""
+    if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        log_path = os.path.join(cfg.out_dir, "log.jsonl")
-        if resume and os.path.exists(log_path):  # drop records of steps after the checkpoint (a kill -9)
-            with open(log_path) as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-            atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
-        log = open(log_path, "a")
-        print(f"detour: phase={cfg.phase} params={raw_model.num_params() / 1e6:.2f}M layers={config.num_hidden_layers} "
-              f"d={config.hidden_size} ranks={world} accum={accum} steps={total_steps} "
-              f"tokens/step={tokens_per_step} frozen={frozen or 'none'} out_dir={cfg.out_dir}")
-    tok = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
-    tok = tok if os.path.exists(tok) else None
-    if master and cfg.init_from == "scratch" and step == 0:  # the initialization, for weight-drift analysis
-        save_hf(raw_model, os.path.join(cfg.out_dir, "init"), tok)
-    bar = tqdm(total=total_steps, initial=step, disable=not (master and cfg.progress), dynamic_ncols=True)
-    model.train()
-    t0, tok0 = time.time(), tokens
-    while step < total_steps:
-        lr = lr_at(cfg, tokens, budget, tokens_per_step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros(1)
-        for micro in range(accum):
-            first = sample0 + step * cfg.global_batch_size + (micro * world + rank) * cfg.batch_size
-            x, y, causal = make_batch(cfg, windows.rows(first, cfg.batch_size), config, n_real_vocab, first)
-            doc_ids = document_ids(x, config.sep_token_id).to(device) if cfg.doc_mask else None
-            sync = nullcontext() if world == 1 or micro == accum - 1 else model.no_sync()
-            with sync:
-                with amp:
-                    _, loss = model(x.to(device), y.to(device), causal=causal, doc_ids=doc_ids)
-                (loss / accum).backward()
-            loss_sum += loss.detach().float().cpu() / accum
-        if world > 1:
-            import torch.distributed as dist
-            dist.all_reduce(loss_sum)
-            loss_sum /= world
-        if not math.isfinite(loss_sum.item()):
-            fail(f"loss is {loss_sum.item()} at step {step}; the last good checkpoint "
-                             f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        tokens += tokens_per_step
-        bar.update(1)
-        record = None
-        if step % cfg.log_interval == 0 or step == total_steps:
-            dt = time.time() - t0
-            record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
-                          tok_per_s=round((tokens - tok0) / max(dt, 1e-9)))
-            if peak:  # model FLOPs utilization against this device's bf16 peak
-                record["mfu"] = round(record["tok_per_s"] * flops_per_token / (peak * world), 4)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
-        if step % cfg.eval_interval == 0 or step == total_steps:
-            record = record or dict(step=step, tokens=tokens, lr=lr)
-            ev = evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp)
-            record.update(val_loss=round(ev["loss"], 5), val_acc=round(ev["acc"], 5), val_unigram=round(ev["unigram"], 5))
-            bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
-                      f"accuracy {ev['acc']:.4f}") if master else None
-        if record and master:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-        if step % cfg.ckpt_interval == 0 or step == total_steps:
-            checkpoint()
-        if world > 1:  # stop together: a signal seen by one rank must not leave the others waiting
-            import torch.distributed as dist
-            flag = torch.tensor([0 if stop["signal"] is None else int(stop["signal"])])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop["signal"] = int(flag.item()) or None
-        if stop["signal"] is not None:
-            checkpoint()
-            if master:
-                print(f"detour: stopped by signal {stop['signal']} at step {step}; checkpoint saved. "
-                      f"Continue with --init_from resume --out_dir {cfg.out_dir}")
-            break
-    bar.close()
-    if master and step == total_steps:
-        save_hf(raw_model, os.path.join(cfg.out_dir, "hf"), tok)
-        print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
-    if world > 1:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    return raw_model
+        phase1_tokens = run.phase1_tokens if PHASES[cfg.phase].continues else tokens
+        save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), run.raw_model, run.optimizer, cfg,
+                        dict(phase=cfg.phase, step=step, tokens=tokens, sample0=run.sample0,
+                             phase1_tokens=phase1_tokens))
+
+
+def open_outputs(cfg, run):
+    """Rank 0 writes out_dir/detour.py (this file, the code that runs), keeps in log.jsonl
+    only the records up to a resumed checkpoint (a kill -9 can leave later ones), saves the
+    step-0 weights of a run from scratch (init/, for weight-drift analysis) -> the open log."""
+    if not run.master:
+        return None
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    source = open(os.path.abspath(__file__), "rb").read()
+    atomic_write(os.path.join(cfg.out_dir, "detour.py"), lambda f: f.write(source))
+    log_path = os.path.join(cfg.out_dir, "log.jsonl")
+    if cfg.init_from == "resume" and os.path.exists(log_path):
+        with open(log_path) as f:
+            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= run.step]
+        atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
+    config = run.config
+    print(f"detour: phase={cfg.phase} params={run.raw_model.num_params() / 1e6:.2f}M "
+          f"layers={config.num_hidden_layers} d={config.hidden_size} ranks={run.world} accum={run.accum} "
+          f"steps={run.total_steps} tokens/step={run.tokens_per_step} frozen={run.frozen or 'none'} "
+          f"out_dir={cfg.out_dir}")
+    if cfg.init_from == "scratch" and run.step == 0:
+        save_hf(run.raw_model, os.path.join(cfg.out_dir, "init"), run.tokenizer)
+    return open(log_path, "a")
 
 
 def main(argv):
-    from types import SimpleNamespace
+    """The run's configuration, then train(): the constants above, overridden by argv, and
+    what a run inherits: a resumed run (or one torchrun restarted) its saved configuration,
+    a continuing phase (decay) Phase 1's, except the keys it owns."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -1113,17 +1175,25 @@ def main(argv):
         if os.path.exists(os.path.join(out, "ckpt.pt")):  # torchrun --max-restarts: continue, don't restart
             given.update(init_from="resume", out_dir=out)
             cfg.update(given)
+    phase = PHASES.get(cfg["phase"])
     if cfg["init_from"] == "resume":  # continue with the saved configuration
         out = resolve_out_dir(SimpleNamespace(**cfg))
         saved = load_checkpoint(out)["config"]
         cfg = {**{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
-    elif cfg["phase"] == "decay" and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
-        # The decay continues Phase 1: same data, model shape, batch and peak lr unless told otherwise.
+    elif phase and phase.continues and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
+        # Same data, model shape, batch and peak lr as Phase 1 unless told otherwise.
         saved = load_checkpoint(cfg["init_from"])["config"]
-        own = ("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens")
-        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in own},
-               **{k: cfg[k] for k in own}, **given}
-    return train(SimpleNamespace(**cfg))
+        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in phase.own},
+               **{k: cfg[k] for k in phase.own}, **given}
+    cfg = SimpleNamespace(**cfg)
+    if cfg.phase not in PHASES:
+        fail(f"--phase {cfg.phase!r} is unknown; use clm, mlm or decay")
+    if cfg.preset not in PRESETS:
+        fail(f"--preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
+    if PHASES[cfg.phase].continues and cfg.init_from == "scratch":
+        fail(f"--phase {cfg.phase} starts from a Phase-1 checkpoint; pass --init_from out/clm")
+    cfg.out_dir = resolve_out_dir(cfg)
+    return train(cfg)
 
 
 if __name__ == "__main__":

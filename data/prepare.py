@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import sys
 import time
 
@@ -30,8 +29,9 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # so "import world" works from any working directory
+sys.path[:0] = [HERE, os.path.dirname(HERE)]  # "import world" and "import detour" from any working directory
 import world  # noqa: E402
+from detour import atomic_write, fail  # noqa: E402  the project's one error style and one atomic write
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -39,11 +39,6 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 DEFAULT_N_DOCS = 20000  # about 2.6M tokens with the default 8192-token vocabulary
 DEFAULT_WORLD_SEED = 1234
-
-
-def fail(message):
-    # One clear line and a non-zero exit status, no traceback.
-    raise SystemExit(f"prepare.py: {message}")
 
 
 def clean(text):
@@ -136,22 +131,8 @@ def encode_stream(tokenizer, docs, cls_id, sep_id, dtype=np.uint32, batch_size=1
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
-def _atomic(path, write):
-    """Call write(tmp) then rename tmp to path: readers never see half a file."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _write_text(path, text):
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-    _atomic(path, write)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.005, seed=42,
@@ -178,20 +159,20 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
         tokenizer = Tokenizer.from_file(tokenizer_path)
         ids = special_ids(tokenizer)
         if os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
-            _atomic(tok_out, lambda tmp: shutil.copyfile(tokenizer_path, tmp))
+            atomic_write(tok_out, lambda f: f.write(open(tokenizer_path, "rb").read()))
     else:
         # Train on the train split only, so val text stays truly unseen.
         tokenizer = train_tokenizer(train_docs, vocab_size)
         ids = special_ids(tokenizer)
         assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-        _atomic(tok_out, lambda tmp: tokenizer.save(tmp))
+        atomic_write(tok_out, lambda f: f.write(tokenizer.to_str(pretty=True).encode("utf-8")))
 
     n_vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if n_vocab <= 2 ** 16 else np.uint32
     streams = {}
     for split, split_docs in (("train", train_docs), ("val", val_docs)):
         streams[split] = encode_stream(tokenizer, split_docs, ids["[CLS]"], ids["[SEP]"], dtype)
-        _atomic(os.path.join(out_dir, f"{split}.bin"), streams[split].tofile)
+        atomic_write(os.path.join(out_dir, f"{split}.bin"), streams[split].tofile)
     _write_text(os.path.join(out_dir, "val.txt"), "".join(d + "\n" for d in val_docs))
 
     meta = {

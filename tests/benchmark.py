@@ -122,17 +122,6 @@ VARIANTS = {
 }
 
 
-def dense_window_attention(c, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
-    """detour.attention_fns with the local layers on the dense (B, 1, T, T) window mask."""
-    fns = ATTENTION_FNS(c, B, T, device, causal, attention_mask, doc_ids, backend, dropout)
-    mask = detour.dense_mask(B, T, device, causal, c.local_attention // 2, attention_mask, doc_ids)
-    fns["sliding_attention"] = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    return fns
-
-
-ATTENTION_FNS = detour.attention_fns
-
-
 def forward_loss(variant, model, x, y, causal, doc_ids):
     """One training forward of `variant` (see VARIANTS): (output to keep alive, loss)."""
     if variant == "hf":
@@ -141,11 +130,7 @@ def forward_loss(variant, model, x, y, causal, doc_ids):
     if variant == "dense_head":
         logits = model.decoder(model.head(model.model(x, causal=causal, doc_ids=doc_ids)))
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=detour.IGNORE)
-    detour.attention_fns = dense_window_attention if variant == "dense_window" else ATTENTION_FNS
-    try:
-        return model(x, y, causal=causal, doc_ids=doc_ids, return_logits=variant == "logits")
-    finally:
-        detour.attention_fns = ATTENTION_FNS
+    return model(x, y, causal=causal, doc_ids=doc_ids, return_logits=variant == "logits")
 
 
 def main():
@@ -189,6 +174,9 @@ def main():
         hf = transformers.AutoModelForMaskedLM.from_pretrained(d, attn_implementation="sdpa")
     ours.model.attn_backend = args.attn_backend
     models = {k: (hf if k == "hf" else copy.deepcopy(ours)).to(device).train() for k in pair}
+    for k in pair:  # the dense_window ablation: detour's attn_backend for the local layers on the T x T mask
+        if k == "dense_window":
+            models[k].model.attn_backend = "dense_window"
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.0) for k, m in models.items()}
     for k, m in models.items():  # create the AdamW state now (zero gradients: the weights stay equal)
         for param in m.parameters():

@@ -224,4 +224,4 @@ def test_cli(tmp_path):
                           "--out_dir", str(tmp_path / "o2")], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines() == [f"prepare.py: input file not found: {tmp_path / 'missing.jsonl'} (check the --input path)"]
+    assert run.stderr.strip().splitlines() == [f"error: input file not found: {tmp_path / 'missing.jsonl'} (check the --input path)"]
