@@ -13,31 +13,22 @@ paired bootstrap, 95% intervals and the smallest difference the design can detec
   python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
 
-Why the detour works (the paper's analysis, the last section of this file; layers from 0):
+Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
   python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
-  cka: d = 1 - linear CKA per layer on held-out sentences (--texts); a third checkpoint, the
-       second's seed twin, adds r = d(A, B) / d(B, C). drift: ||W - W0|| / ||W0|| per layer,
-       attention and MLP apart. transplant: layers (0-7, attn or mlp) of A put into B, saved
-       as an HF dir and linear-probed next to A and B. Results: <out_dir>/<mode>.md and .json.
 
 A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
-`kind+probe` (that task is a linear probe), path a directory with train/dev/test files:
-  ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
-              (train|dev|devel|test).(tsv|txt|conll|iob)
-  the others  JSONL (train|dev|devel|test).jsonl: {"text": ...} or {"text_a": ..., "text_b": ...}
-              and "label": a string (cls), a list of strings (multilabel), a number
-              (regression); optional "group" (a string or list) for per-group accuracy.
-              Or TSV with a header naming sentence|text (and text_b) and label|labels.
+`kind+probe` (that task is a linear probe), path a directory with train/dev/test files, read
+by data/tasks.py: CoNLL (`token<TAB>tag` lines, blank line between sentences) for ner; for
+the others JSONL ({"text": ...} or {"text_a": ..., "text_b": ...}, "label": a string, a list
+of strings or a number; optional "group" for per-group accuracy) or TSV with a header.
 Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
-entity-level micro F1 (conlleval rules); the others are reported too.
-`default` stands for the embedded tasks (ner, notes, needle) that data/tasks.py builds from
-data/world.py into data/tasks/.
+entity-level micro F1 (conlleval rules); the others are reported too. `default`: the
+embedded tasks (ner, notes, needle) that data/tasks.py builds from data/world.py.
 
-Every setting of the Protocol below can be overridden: `--key value` or `--key=value`. main()
-builds one Protocol from them and passes it down; Python users pass their own, e.g.
-`finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default")`.
+Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
+Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
 """
 import copy
 import json
@@ -60,8 +51,7 @@ import detour
 from detour import fail
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
-import tasks as default_tasks  # noqa: E402 (data/tasks.py, next to data/world.py)
-
+import tasks  # noqa: E402 (data/tasks.py: task files, read and built; next to data/world.py)
 
 # ----------------------------------------------------------------------------------------
 # The protocol. Its values are the paper's; the CPU default below shortens them.
@@ -120,14 +110,11 @@ class Protocol:
     texts: str = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
     layers: str = ""                # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10 | attn | mlp
 
-
 CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # main: cpu_<key> unless --<key> is given
 REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio", "max_len",
             "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr", "probe_epochs", "max_train",
             "max_eval")  # the protocol settings results.json records
-SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
-
 
 # ----------------------------------------------------------------------------------------
 # Metrics, written out so that their definitions are visible.
@@ -135,14 +122,12 @@ IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-
 def _f1(tp, fp, fn):
     return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
 
-
 def cls_metrics(gold, pred):
     """Accuracy and macro F1 over the labels that occur in gold or prediction (sklearn's default)."""
     gold, pred = np.asarray(gold), np.asarray(pred)
     f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
                np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
-
 
 def multilabel_metrics(gold, pred):
     """gold, pred: (N, L) 0/1. Micro F1 pools all decisions; macro F1 averages per label
@@ -152,12 +137,10 @@ def multilabel_metrics(gold, pred):
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
                 macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
 
-
 def pearson(x, y):
     x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
     denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
     return float((x * y).sum() / denom) if denom > 0 else 0.0
-
 
 def ranks(x):
     """Ranks 1..n, ties get the average of their ranks (as Spearman needs)."""
@@ -170,11 +153,9 @@ def ranks(x):
         r[tie] = r[tie].mean()
     return r
 
-
 def regression_metrics(gold, pred):
     return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
                 mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
-
 
 def entity_spans(tags):
     """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
@@ -190,7 +171,6 @@ def entity_spans(tags):
             start, kind = i, typ
     return spans
 
-
 def entity_f1(gold_seqs, pred_seqs):
     """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
     gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
@@ -199,7 +179,6 @@ def entity_f1(gold_seqs, pred_seqs):
     p = tp / len(pred) if pred else 0.0
     r = tp / len(gold) if gold else 0.0
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
-
 
 def group_accuracy(examples, gold, pred):
     """Accuracy per group tag, for tasks whose examples carry groups (the needle's
@@ -221,7 +200,6 @@ def cls_score(task, examples, out):
         m["groups"] = group_accuracy(examples, gold, pred)
     return m
 
-
 def ner_score(task, examples, out):
     pred_tags = []
     for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
@@ -229,30 +207,6 @@ def ner_score(task, examples, out):
         pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
     p, r, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
     return dict(f1=f1, precision=p, recall=r)
-
-
-def multilabel_score(task, examples, out):
-    return multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
-
-
-def regression_score(task, examples, out):
-    return regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
-
-
-def _tsv_number(cell):
-    try:
-        return float(cell)
-    except ValueError:
-        return None
-
-
-def _tsv_labels(cell):
-    """Comma-separated labels; items written name_0/name_1 (HoC's form) mean absent/present."""
-    items = [x.strip() for x in cell.split(",") if x.strip()]
-    if items and all(x[-2:] in ("_0", "_1") for x in items):
-        items = [x[:-2] for x in items if x.endswith("_1")]
-    return items
-
 
 # ----------------------------------------------------------------------------------------
 # The task kinds: what differs between them, in one table; every code path below is shared.
@@ -266,41 +220,32 @@ class Kind:
     epochs: str               # the Protocol field that counts its epochs
     label_set: object         # training examples -> the sorted label set; [] = a single output
     per_token: bool = False   # CoNLL files; a prediction per word (its first sub-token)
-    json_label: object = None  # a JSON label -> the label (None: malformed)
-    tsv_label: object = None  # a TSV cell -> the label (None: malformed)
-    want: str = ""            # the label's form, for errors
     gold: object = None       # a label -> the label names it needs in the label set
     y: object = None          # (label, index of the label set) -> the training target
     min_labels: int = 0       # fewer in the training split is an error
     weighted: bool = False    # the loss takes --pos_weight
     one_output: bool = False  # a single output (regression), else one per label
 
-
 KINDS = {
     "cls": Kind(
         main="macro_f1", score=cls_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
         epochs="epochs", label_set=lambda rows: sorted({ex["label"] for ex in rows}),
-        json_label=lambda v: str(v) if isinstance(v, (str, int, bool)) else None, tsv_label=lambda c: c,
-        want="a string", gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
+        gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
     "multilabel": Kind(
-        main="micro_f1", score=multilabel_score, target=torch.float, epochs="epochs",
+        main="micro_f1", target=torch.float, epochs="epochs", weighted=True,
+        score=lambda task, exs, out: multilabel_metrics([ex["y"] for ex in exs], [(z > 0).numpy() for z in out]),
         loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
-        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
-        json_label=lambda v: [str(x) for x in v] if isinstance(v, list) and all(
-            isinstance(x, (str, int)) for x in v) else None,
-        tsv_label=_tsv_labels, want="a list of strings", gold=lambda label: label,
-        y=lambda label, index: [1.0 if name in label else 0.0 for name in index], weighted=True),
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
+        y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
     "regression": Kind(
-        main="pearson", score=regression_score, loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), target=torch.float,
-        epochs="epochs", label_set=lambda rows: [],
-        json_label=lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
-        tsv_label=_tsv_number, want="a number", gold=lambda label: [], y=lambda label, index: label,
-        one_output=True),
+        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        score=lambda task, exs, out: regression_metrics([ex["y"] for ex in exs], [float(z[0]) for z in out]),
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), label_set=lambda rows: [],
+        gold=lambda label: [], y=lambda label, index: label),
     "ner": Kind(
         main="f1", score=ner_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
         epochs="ner_epochs", label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
 }
-
 
 # ----------------------------------------------------------------------------------------
 # Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
@@ -314,7 +259,6 @@ def hf_dir(path):
     if os.path.exists(os.path.join(path, "ckpt.pt")):
         fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
     fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
-
 
 def load_encoder(path):
     """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
@@ -333,116 +277,6 @@ def load_encoder(path):
                  "wrong tokenizer?")
     return model, tokenizer
 
-
-# ----------------------------------------------------------------------------------------
-# Readers. Every example remembers its file line so that errors can point at it.
-# ----------------------------------------------------------------------------------------
-def find_split(directory, split, exts):
-    if not os.path.isdir(directory):
-        fail(f"task directory {directory} not found")
-    for name in SPLIT_NAMES[split]:
-        for ext in exts:
-            p = os.path.join(directory, name + ext)
-            if os.path.exists(p):
-                return p
-    names = ", ".join(n + e for n in SPLIT_NAMES[split] for e in exts)
-    fail(f"no {split} split in {directory} (looked for {names})")
-
-
-def read_conll(path):
-    """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
-    sents, cur = [], dict(words=[], tags=[], lines=[])
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("-DOCSTART-"):
-                if cur["words"]:
-                    sents.append(cur)
-                cur = dict(words=[], tags=[], lines=[])
-                continue
-            parts = line.split()
-            if len(parts) < 2:
-                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
-            cur["words"].append(parts[0])
-            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
-            cur["lines"].append(n)
-    if cur["words"]:
-        sents.append(cur)
-    if not sents:
-        fail(f"{path} is empty")
-    return sents
-
-
-def read_jsonl(path, kind):
-    """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as KINDS[kind] reads it."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                d = json.loads(raw)
-            except json.JSONDecodeError as e:
-                fail(f"{where}: not valid JSON ({e.msg})")
-            if not isinstance(d, dict):
-                fail(f"{where}: expected a JSON object")
-            if "text" in d:
-                text, text_b = d["text"], None
-            elif "text_a" in d and "text_b" in d:
-                text, text_b = d["text_a"], d["text_b"]
-            else:
-                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
-            if "label" not in d:
-                fail(f"{where}: missing field `label`")
-            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
-                fail(f"{where}: text fields must be strings")
-            label = KINDS[kind].json_label(d["label"])
-            if label is None:
-                fail(f"{where}: label should be {KINDS[kind].want} for a {kind} task, got {d['label']!r}")
-            groups = d.get("group", [])
-            out.append(dict(text=text, text_b=text_b, label=label,
-                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
-    if not out:
-        fail(f"{path} is empty")
-    return out
-
-
-def read_tsv(path, kind):
-    """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
-    `text_b`/`sentence2`), label in `label` or `labels` (multilabel: comma-separated)."""
-    with open(path, encoding="utf-8") as f:
-        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
-    if len(rows) < 2:
-        fail(f"{path} is empty (a header and at least one row are needed)")
-    header = rows[0][1]
-    col = lambda *names: next((header.index(x) for x in names if x in header), None)
-    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
-    lab = col("label", "labels", "score")
-    if t is None or lab is None:
-        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
-    out = []
-    for n, cells in rows[1:]:
-        where = f"{path}:{n}"
-        if len(cells) != len(header):
-            fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
-        label = KINDS[kind].tsv_label(cells[lab])
-        if label is None:
-            fail(f"{where}: label should be {KINDS[kind].want}, got {cells[lab]!r}")
-        out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
-                        label=label, groups=[], line=n))
-    return out
-
-
-def read_split(directory, split, kind):
-    """-> (file, examples): CoNLL for a token task, else JSONL or TSV."""
-    if KINDS[kind].per_token:
-        path = find_split(directory, split, (".tsv", ".txt", ".conll", ".iob"))
-        return path, read_conll(path)
-    path = find_split(directory, split, (".jsonl", ".tsv"))
-    return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
-
-
 # ----------------------------------------------------------------------------------------
 # Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
 # each word and ignores the rest, so a word is predicted once, from its first piece.
@@ -460,7 +294,6 @@ def encode(p, tokenizer, text, text_b=None):
     a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
     b = b[:room - len(a)]
     return [cls] + a + [sep] + b + [sep], truncated
-
 
 def encode_words(p, tokenizer, words, tag_ids):
     """Words joined by spaces, tokenized as running text (as in pretraining), each word's
@@ -488,7 +321,6 @@ def encode_words(p, tokenizer, words, tag_ids):
     return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
             mapped, len(enc.ids) > p.max_len - 2)
 
-
 def encode_example(p, K, tokenizer, ex, index, file):
     """One read example -> (encoded example, truncated); its labels must be in `index`."""
     if K.per_token:
@@ -503,14 +335,13 @@ def encode_example(p, K, tokenizer, ex, index, file):
     ids, cut = encode(p, tokenizer, ex["text"], ex["text_b"])
     return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
 
-
 def load_task(p, name, kind, path, tokenizer, frozen=False):
     """Read train/dev/test of one task and encode them -> task dict.
     The label set comes from the training split (sorted); dev/test labels must be in it."""
     if kind not in KINDS:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
     K = KINDS[kind]
-    raw = {split: read_split(path, split, kind) for split in ("train", "dev", "test")}
+    raw = {split: tasks.read_split(path, split, kind) for split in ("train", "dev", "test")}
     labels = K.label_set(raw["train"][1])
     index = {l: i for i, l in enumerate(labels)}
     splits, n_trunc = {}, 0
@@ -531,13 +362,12 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
         fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
 
-
 def parse_tasks(spec, tasks_dir):
     """`name=kind[+probe]:path,...` (and `default`: the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
     out = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "default":
-            out += parse_tasks(default_tasks.SPEC.format(d=tasks_dir), tasks_dir)
+            out += parse_tasks(tasks.SPEC.format(d=tasks_dir), tasks_dir)
             continue
         name, eq, rest = item.partition("=")
         kind, colon, path = rest.partition(":")
@@ -553,13 +383,11 @@ def parse_tasks(spec, tasks_dir):
         fail("no tasks given")
     return out
 
-
 def build_default_tasks(p):
     """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
-    return default_tasks.build_default_tasks(
+    return tasks.build_default_tasks(
         p.tasks_dir, p.pretrain_dir, p.task_seed, p.ner_sizes, p.notes_sizes, p.needle_per_cell,
         p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
-
 
 # ----------------------------------------------------------------------------------------
 # Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
@@ -578,7 +406,6 @@ def sign_flip_p(d):
     signs = 1.0 - 2.0 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
-
 def paired_bootstrap(a, b, samples=10_000, seed=0):
     """One-sided bootstrap p that `a` beats `b`: resample the paired units a_i - b_i with
     replacement; p = (1 + #resampled means <= 0) / (1 + samples), so p >= 1/(samples + 1)
@@ -590,7 +417,6 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
     means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
-
 def t_quantile(q, df):
     """Student-t quantile for q in (0.5, 1): the pdf integrated numerically from 0 (the
     run-time dependencies have no scipy)."""
@@ -599,7 +425,6 @@ def t_quantile(q, df):
     pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
     cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
     return float(np.interp(q, cdf, x))
-
 
 def mean_interval(d, level=0.95):
     """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
@@ -611,7 +436,6 @@ def mean_interval(d, level=0.95):
     half = t_quantile(0.5 + level / 2, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
     return m, m - half, m + half
 
-
 def detectable_difference(d, alpha=0.05, power=0.80):
     """The smallest true mean difference a one-sided paired t test at `alpha` over these
     units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
@@ -621,11 +445,9 @@ def detectable_difference(d, alpha=0.05, power=0.80):
     df = len(d) - 1
     return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
 
-
 def format_p(p):
     """A p-value as text; it is never 0 (every p here has a floor above 0)."""
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
-
 
 # ----------------------------------------------------------------------------------------
 # The fine-tuning model: transformers' ModernBertForTokenClassification (NER) and
@@ -662,19 +484,12 @@ class TaskModel(nn.Module):
     def forward(self, x):
         return self.classifier(self.drop(x))
 
-
-def task_model(p, encoder, n_out, kind):
-    return TaskModel(encoder, n_out, KINDS[kind].per_token, p.pooling, p.dropout)
-
-
 def get_device(p):
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if p.device == "auto" else p.device)
-
 
 def autocast(p, dev):
     bf16 = p.dtype == "bfloat16" or (p.dtype == "auto" and dev.type == "cuda")
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
-
 
 def pad_batch(examples, pad_id, dev):
     T = max(len(ex["ids"]) for ex in examples)
@@ -688,7 +503,6 @@ def pad_batch(examples, pad_id, dev):
             target[i, :len(ex["target"])] = torch.tensor(ex["target"])
     return ids.to(dev), mask.to(dev), target.to(dev)
 
-
 def targets(K, examples, dev):
     """A batch's training targets: one per labeled word (NER) or per example."""
     if K.per_token:
@@ -697,13 +511,11 @@ def targets(K, examples, dev):
         ys = [ex["y"] for ex in examples]
     return torch.tensor(ys, dtype=K.target).to(dev)
 
-
 def length_batches(examples, batch_size):
     """Evaluation batches of similar length (less padding); yields index lists."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
     for s in range(0, len(order), batch_size):
         yield order[s:s + batch_size]
-
 
 def train_order(examples, rng, batch_size, group=8):
     """One epoch of shuffled training batches. Like HF's group_by_length: every `group`
@@ -717,7 +529,6 @@ def train_order(examples, rng, batch_size, group=8):
         batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
-
 
 @torch.no_grad()
 def embed(p, tm, examples, dev):
@@ -736,13 +547,11 @@ def embed(p, tm, examples, dev):
             out[i] = v
     return out
 
-
 def probe_features(p, model, task):
     """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
     dev = get_device(p)
-    tm = task_model(p, model.to(dev), 1, task["kind"]).to(dev)  # its classifier is unused
+    tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
     return {s: embed(p, tm, task[s], dev) for s in ("train", "dev", "test")}
-
 
 def head_inputs(tm, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
@@ -750,7 +559,6 @@ def head_inputs(tm, examples, idx, feats, dev):
     batch = [examples[i] for i in idx]
     ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
     return tm.features(ids, mask, target)
-
 
 @torch.no_grad()
 def evaluate(p, tm, task, split, feats, dev):
@@ -769,7 +577,6 @@ def evaluate(p, tm, task, split, feats, dev):
     m["main"] = m[K.main]
     return m
 
-
 # ----------------------------------------------------------------------------------------
 # Fine-tuning one (checkpoint, task, seed).
 # ----------------------------------------------------------------------------------------
@@ -781,7 +588,6 @@ def pos_weights(p, train, n_out, dev):
     return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if p.pos_weight == "auto"
             else torch.full((n_out,), float(p.pos_weight))).to(dev)
 
-
 def optimizer(p, tm, frozen):
     """AdamW over the classifier (probe) or everything, decay on weight matrices only -> (opt, params, peak lr)."""
     params = list(tm.classifier.parameters()) if frozen else list(tm.parameters())
@@ -789,7 +595,6 @@ def optimizer(p, tm, frozen):
               dict(params=[q for q in params if q.dim() < 2], weight_decay=0.0)]
     peak = p.probe_lr if frozen else p.learning_rate
     return torch.optim.AdamW(groups, lr=peak), params, peak
-
 
 def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
     """Fine-tune a fresh copy of `model`'s encoder (or, for a probe task, a head on the
@@ -803,7 +608,8 @@ def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
     n_out = 1 if K.one_output else len(task["labels"])
     # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
     # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
-    tm = task_model(p, model.to(dev) if frozen else copy.deepcopy(model), n_out, task["kind"]).to(dev)
+    encoder = model.to(dev) if frozen else copy.deepcopy(model)
+    tm = TaskModel(encoder, n_out, K.per_token, p.pooling, p.dropout).to(dev)
     feats = (feats or probe_features(p, model, task)) if frozen else {"train": None, "dev": None, "test": None}
     pw = pos_weights(p, train, n_out, dev) if K.weighted else None
     opt, params, peak = optimizer(p, tm, frozen)
@@ -844,7 +650,6 @@ def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
     out = dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
     return dict(out, model=tm) if keep_model else out
 
-
 # ----------------------------------------------------------------------------------------
 # The comparison: every checkpoint x task x seed, then the tables.
 # ----------------------------------------------------------------------------------------
@@ -852,7 +657,6 @@ def mean_std(xs):
     """Mean and sample standard deviation (0 for a single seed)."""
     xs = np.asarray(xs, float)
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
-
 
 def arms_of(ckpt_paths):
     """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
@@ -862,7 +666,6 @@ def arms_of(ckpt_paths):
     if len(set(flat)) != len(flat):
         fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
     return arms
-
 
 def compare(results, names, first, second, samples=10_000):
     """Statistics of first - second (two arms with the same number of replicates), into results;
@@ -885,7 +688,6 @@ def compare(results, names, first, second, samples=10_000):
     results["p_sign_flip"] = sign_flip_p(flat)
     results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat), samples)
     results["detectable_difference"] = detectable_difference(flat)
-
 
 def run_arm(p, arm, task_specs, task_info=None):
     """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
@@ -922,7 +724,6 @@ def run_arm(p, arm, task_specs, task_info=None):
     scores["average"] = dict(mean=m, std=s, per_run=per_run)
     return scores
 
-
 def run(p, ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
     with seeds 0..p.seeds-1 and write <p.out_dir>/<report>.md and <report>.json. task_specs: a
@@ -945,7 +746,6 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
         compare(results, [t[0] for t in task_specs], *labels, samples=p.bootstrap_samples)
     write_report(p, report, results, markdown(results, p.bootstrap_samples))
     return results
-
 
 def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
@@ -990,7 +790,6 @@ def markdown(results, bootstrap_samples):
             lines.append(f"| {c} | " + " | ".join(accs) + " |")
     return "\n".join(lines) + "\n"
 
-
 def write_report(p, name, results, text):
     """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written atomically."""
     os.makedirs(p.out_dir, exist_ok=True)
@@ -998,7 +797,6 @@ def write_report(p, name, results, text):
     detour.atomic_write(os.path.join(p.out_dir, name + ".json"),
                         lambda f: f.write(json.dumps(results, indent=1).encode("utf-8")))
     print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
-
 
 def main(argv=None):
     """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
@@ -1035,10 +833,14 @@ def main(argv=None):
 
 
 # ========================================================================================
-# Analyses: why does the detour work? The paper's analysis, built on the functions above:
-# where the two twins' representations differ (CKA), where the detour moved the weights
-# (drift), and which layers carry the gain (transplants, judged by linear probes). Layers
-# are numbered from 0, as in --freeze_layers. Reached with --analysis cka|drift|transplant.
+# Analyses: why does the detour work? The paper's analysis, built on the functions above
+# (--analysis; layers are numbered from 0, as in --freeze_layers):
+#   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
+#               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
+#   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
+#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B,
+#               saved as an HF dir and linear-probed next to A and B
+# Results: <out_dir>/<mode>.md and .json.
 # ========================================================================================
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations of the same n inputs, x (n, p)
@@ -1048,7 +850,6 @@ def linear_cka(x, y):
     x = np.asarray(x, np.float64) - np.mean(x, 0)
     y = np.asarray(y, np.float64) - np.mean(y, 0)
     return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
-
 
 def text_examples(p, tokenizer, path):
     """A text file (one text per line) -> examples {ids}: every line is split into sentences,
@@ -1064,7 +865,6 @@ def text_examples(p, tokenizer, path):
     if not out:
         fail(f"{path} holds no text")
     return out
-
 
 @torch.no_grad()
 def layer_features(p, model, examples):
@@ -1085,11 +885,9 @@ def layer_features(p, model, examples):
             feats[l][idx] = ((h.double() * m).sum(1) / m.sum(1)).cpu().numpy()  # rows in input order
     return [feats[l] for l in range(len(feats))]
 
-
 def same_tokenizer(tokenizers, paths):
     if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
         fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
-
 
 def cka_divergence(p, paths, text_path=None):
     """d = 1 - linear CKA between checkpoints A and B, on held-out sentences, at the embedding
@@ -1125,7 +923,6 @@ def cka_divergence(p, paths, text_path=None):
     write_report(p, "cka", results, cka_markdown(results))
     return results
 
-
 def cka_markdown(results):
     control = "C" in results["checkpoints"]
     head = "| layer | d(A, B) |" + (" d(B, C) | r = d(A, B) / d(B, C) |" if control else "")
@@ -1142,7 +939,6 @@ def cka_markdown(results):
         lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
     return "\n".join(lines) + "\n"
 
-
 def part_of(name):
     """A parameter name -> (part, layer): ("attn", i) for layer i's attention (Wqkv, Wo) and
     its attn_norm, ("mlp", i) for its MLP (Wi, Wo) and mlp_norm, ("embeddings", None), and
@@ -1152,12 +948,10 @@ def part_of(name):
         return m.group(2), int(m.group(1))
     return ("embeddings" if name.startswith("model.embeddings.") else "head"), None
 
-
 def same_shapes(a, b, paths):
     shapes = lambda m: {n: tuple(w.shape) for n, w in m.named_parameters()}
     if shapes(a) != shapes(b):
         fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
-
 
 def weight_drift(model, init):
     """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init`, for each part (see
@@ -1174,12 +968,10 @@ def weight_drift(model, init):
         s[0], s[1] = s[0] + d2, s[1] + b2
     return {k: ratio(*s) for k, s in sums.items()}, tensors
 
-
 def bar(x, top, width=24):
     """x as a bar of eighth blocks; `top` fills `width` characters."""
     eighths = round(8 * width * x / top) if top > 0 else 0
     return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
-
 
 def drift(p, paths):
     """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
@@ -1197,7 +989,6 @@ def drift(p, paths):
     write_report(p, "drift", results, drift_markdown(results))
     return results
 
-
 def drift_markdown(results):
     layers = results["layers"]
     top = max([results["embeddings"], results["head"]] + [r[k] for r in layers for k in ("attn", "mlp")])
@@ -1211,7 +1002,6 @@ def drift_markdown(results):
     return "\n".join(
         [f"Weight drift of {results['checkpoint']} from {results['init']}: ||W - W0|| / ||W0|| per part "
          "(attention = Wqkv, Wo, attn_norm; MLP = Wi, Wo, mlp_norm).", "", "```", *chart, "```", "", *table]) + "\n"
-
 
 def group_names(model, spec):
     """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
@@ -1228,7 +1018,6 @@ def group_names(model, spec):
              f"(the model has {model.config.num_hidden_layers}, from 0)")
     return [n for n in names if part_of(n)[1] in chosen]
 
-
 def transplant_model(donor, recipient, spec):
     """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
     hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
@@ -1237,7 +1026,6 @@ def transplant_model(donor, recipient, spec):
         for name in group_names(recipient, spec):
             params[name].copy_(source[name])
     return hybrid
-
 
 def transplant(p, paths, spec, task_specs):
     """The hybrid of checkpoints A, B: layer group `spec` from A, everything else from B. It is

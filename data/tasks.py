@@ -1,13 +1,19 @@
-"""The embedded default fine-tuning tasks, built from world.py with seeds other than the
-pretraining corpus's (1234) and written once as files that finetune.py's readers load:
+"""Task files: reading them (finetune.py's task format), and the embedded default tasks.
 
+A task is a directory with train/dev/test files, read into plain dicts; every example keeps
+its file line, so errors point at it:
+  ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
+              (train|dev|devel|test).(tsv|txt|conll|iob)
+  the others  JSONL (train|dev|devel|test).jsonl or TSV with a header (see read_tsv)
+
+The default tasks are built from world.py with seeds other than the pretraining corpus's
+(1234) and written once as such files:
   ner     drug / disease / dose / gene spans in templated sentences (CoNLL)
   notes   which of the note types a clinical note is (JSONL)
   needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
           text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
-
 An example whose text occurs verbatim in the pretraining text is dropped (and counted).
-Called by finetune.py (`--tasks default`), which puts data/ and the repository root on the path.
+Used by finetune.py, which puts data/ and the repository root on the path.
 """
 import json
 import os
@@ -17,6 +23,147 @@ import re
 import world
 from detour import atomic_write, fail
 
+SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
+
+
+# ----------------------------------------------------------------------------------------
+# Readers. How each kind's label is read: (from JSON, from a TSV cell, its form for errors);
+# a reader returns None for a malformed label. ner has tags, read from CoNLL files.
+# ----------------------------------------------------------------------------------------
+def _tsv_number(cell):
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _tsv_labels(cell):
+    """Comma-separated labels; items written name_0/name_1 (HoC's form) mean absent/present."""
+    items = [x.strip() for x in cell.split(",") if x.strip()]
+    if items and all(x[-2:] in ("_0", "_1") for x in items):
+        items = [x[:-2] for x in items if x.endswith("_1")]
+    return items
+
+
+LABELS = {
+    "cls": (lambda v: str(v) if isinstance(v, (str, int, bool)) else None, lambda cell: cell, "a string"),
+    "multilabel": (lambda v: [str(x) for x in v] if isinstance(v, list) and all(isinstance(x, (str, int)) for x in v)
+                   else None, _tsv_labels, "a list of strings"),
+    "regression": (lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
+                   _tsv_number, "a number"),
+}
+
+
+def find_split(directory, split, exts):
+    if not os.path.isdir(directory):
+        fail(f"task directory {directory} not found")
+    for name in SPLIT_NAMES[split]:
+        for ext in exts:
+            p = os.path.join(directory, name + ext)
+            if os.path.exists(p):
+                return p
+    names = ", ".join(n + e for n in SPLIT_NAMES[split] for e in exts)
+    fail(f"no {split} split in {directory} (looked for {names})")
+
+
+def read_conll(path):
+    """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
+    sents, cur = [], dict(words=[], tags=[], lines=[])
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("-DOCSTART-"):
+                if cur["words"]:
+                    sents.append(cur)
+                cur = dict(words=[], tags=[], lines=[])
+                continue
+            parts = line.split()
+            if len(parts) < 2:
+                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
+            cur["words"].append(parts[0])
+            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
+            cur["lines"].append(n)
+    if cur["words"]:
+        sents.append(cur)
+    if not sents:
+        fail(f"{path} is empty")
+    return sents
+
+
+def read_jsonl(path, kind):
+    """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as LABELS[kind] reads it."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                d = json.loads(raw)
+            except json.JSONDecodeError as e:
+                fail(f"{where}: not valid JSON ({e.msg})")
+            if not isinstance(d, dict):
+                fail(f"{where}: expected a JSON object")
+            if "text" in d:
+                text, text_b = d["text"], None
+            elif "text_a" in d and "text_b" in d:
+                text, text_b = d["text_a"], d["text_b"]
+            else:
+                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
+            if "label" not in d:
+                fail(f"{where}: missing field `label`")
+            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
+                fail(f"{where}: text fields must be strings")
+            label = LABELS[kind][0](d["label"])
+            if label is None:
+                fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, got {d['label']!r}")
+            groups = d.get("group", [])
+            out.append(dict(text=text, text_b=text_b, label=label,
+                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
+    if not out:
+        fail(f"{path} is empty")
+    return out
+
+
+def read_tsv(path, kind):
+    """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
+    `text_b`/`sentence2`), label in `label` or `labels` (multilabel: comma-separated)."""
+    with open(path, encoding="utf-8") as f:
+        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
+    if len(rows) < 2:
+        fail(f"{path} is empty (a header and at least one row are needed)")
+    header = rows[0][1]
+    col = lambda *names: next((header.index(x) for x in names if x in header), None)
+    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
+    lab = col("label", "labels", "score")
+    if t is None or lab is None:
+        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
+    out = []
+    for n, cells in rows[1:]:
+        where = f"{path}:{n}"
+        if len(cells) != len(header):
+            fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
+        label = LABELS[kind][1](cells[lab])
+        if label is None:
+            fail(f"{where}: label should be {LABELS[kind][2]}, got {cells[lab]!r}")
+        out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
+                        label=label, groups=[], line=n))
+    return out
+
+
+def read_split(directory, split, kind):
+    """-> (file, examples): CoNLL for ner (token tags), else JSONL or TSV."""
+    if kind not in LABELS:
+        path = find_split(directory, split, (".tsv", ".txt", ".conll", ".iob"))
+        return path, read_conll(path)
+    path = find_split(directory, split, (".jsonl", ".tsv"))
+    return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
+
+
+
+# ----------------------------------------------------------------------------------------
+# The default tasks.
+# ----------------------------------------------------------------------------------------
 # finetune.py's `default` task: name=kind:path under the directory build_default_tasks writes
 SPEC = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
 

@@ -184,35 +184,35 @@ def test_t_quantile_and_interval():
 # ----------------------------------------------------------------------------------------
 def test_read_conll(tmp_path):
     p = write(tmp_path / "train.tsv", "-DOCSTART- O\n\nAspirin\tB-DRUG\n5 B-DOSE\nmg I-DOSE\n\n\nok\tO\n")
-    sents = ft.read_conll(p)
+    sents = tasks.read_conll(p)
     assert [s["words"] for s in sents] == [["Aspirin", "5", "mg"], ["ok"]]
     assert sents[0]["tags"] == ["B-DRUG", "B-DOSE", "I-DOSE"] and sents[1]["lines"] == [8]
     bad = write(tmp_path / "bad.tsv", "a\tO\nlonely\n")
     with pytest.raises(SystemExit, match=f"{bad}:2"):
-        ft.read_conll(bad)
+        tasks.read_conll(bad)
     with pytest.raises(SystemExit, match="empty"):
-        ft.read_conll(write(tmp_path / "empty.tsv", "\n\n"))
+        tasks.read_conll(write(tmp_path / "empty.tsv", "\n\n"))
 
 
 def test_read_jsonl_and_tsv(tmp_path):
     p = write(tmp_path / "a.jsonl", jsonl([dict(text="x", label="pos"), dict(text_a="q", text_b="h", label=1)]))
-    rows = ft.read_jsonl(p, "cls")
+    rows = tasks.read_jsonl(p, "cls")
     assert (rows[0]["text"], rows[0]["label"], rows[1]["text_b"], rows[1]["label"]) == ("x", "pos", "h", "1")
     for body, msg in (('{"text": "x", "label": "a"}\n{oops\n', "not valid JSON"),
                       ('{"label": "a"}\n', "missing field `text`"),
                       ('{"text": "x"}\n', "missing field `label`")):
         bad = write(tmp_path / "bad.jsonl", body)
         with pytest.raises(SystemExit, match=f"bad.jsonl:{body.count(chr(10))}: {msg}"):
-            ft.read_jsonl(bad, "cls")
+            tasks.read_jsonl(bad, "cls")
     with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a number"):
-        ft.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
+        tasks.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
     with pytest.raises(SystemExit, match="empty"):
-        ft.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
+        tasks.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
     # TSV with a header (GAD / HoC layouts)
     t = write(tmp_path / "t.tsv", "index\tsentence\tlabel\n0\tsome text\t1\n")
-    assert ft.read_tsv(t, "cls")[0]["label"] == "1"
+    assert tasks.read_tsv(t, "cls")[0]["label"] == "1"
     h = write(tmp_path / "h.tsv", "labels\tsentence\tindex\n0_1,1_0,2_1\tsome text\tx\n")
-    assert ft.read_tsv(h, "multilabel")[0]["label"] == ["0", "2"]
+    assert tasks.read_tsv(h, "multilabel")[0]["label"] == ["0", "2"]
 
 
 def test_unknown_label_and_missing_split(tmp_path):
@@ -415,12 +415,12 @@ def test_default_tasks_are_built_and_read_back(tmp_path):
     ner = os.path.join(root, "ner")
     mtime = os.path.getmtime(os.path.join(ner, "train.tsv"))
     assert ft.build_default_tasks(p) == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
-    sents = [s for split in ("train", "dev", "test") for s in ft.read_conll(os.path.join(ner, f"{split}.tsv"))]
+    sents = [s for split in ("train", "dev", "test") for s in tasks.read_conll(os.path.join(ner, f"{split}.tsv"))]
     texts = [" ".join(s["words"]) for s in sents]
     assert len(sents) == 12 and len(set(texts)) == 12 and " ".join(words) not in texts
-    notes = ft.read_jsonl(os.path.join(root, "notes", "train.jsonl"), "cls")
+    notes = tasks.read_jsonl(os.path.join(root, "notes", "train.jsonl"), "cls")
     assert len(notes) == 4 and all(n["label"] in world.NOTE_TYPES for n in notes)
-    needle = ft.read_jsonl(os.path.join(root, "needle", "test.jsonl"), "cls")
+    needle = tasks.read_jsonl(os.path.join(root, "needle", "test.jsonl"), "cls")
     assert len(needle) == 2 * 3 * 2 and {n["label"] for n in needle} == {"present", "absent"}
     for n in needle:
         assert (n["text"] in n["text_b"]) == (n["label"] == "present")
