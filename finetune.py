@@ -13,33 +13,22 @@ paired bootstrap, 95% intervals and the smallest difference the design can detec
   python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
 
-Why the detour works (the paper's analysis; layers numbered from 0):
+Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
   python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
-  cka: d = 1 - linear CKA per layer on held-out sentences (--texts); a third checkpoint, the
-       second's seed twin, adds r = d(A, B) / d(B, C). drift: ||W - W0|| / ||W0|| per layer,
-       attention and MLP apart. transplant: layers (0-7, attn or mlp) of A put into B, saved
-       as an HF dir and linear-probed next to A and B. Results: <out_dir>/<mode>.md and .json.
 
 A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
-`kind+probe` (that task is a linear probe), path a directory with train/dev/test files:
-  ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
-              (train|dev|devel|test).(tsv|txt|conll|iob)
-  the others  JSONL (train|dev|devel|test).jsonl: {"text": ...} or {"text_a": ..., "text_b": ...}
-              and "label": a string (cls), a list of strings (multilabel), a number
-              (regression); optional "group" (a string or list) for per-group accuracy.
-              Or TSV with a header naming sentence|text (and text_b) and label|labels.
+`kind+probe` (that task is a linear probe), path a directory with train/dev/test files, read
+by data/tasks.py: CoNLL (`token<TAB>tag` lines, blank line between sentences) for ner; for
+the others JSONL ({"text": ...} or {"text_a": ..., "text_b": ...}, "label": a string, a list
+of strings or a number; optional "group" for per-group accuracy) or TSV with a header.
 Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
-entity-level micro F1 (conlleval rules); the others are reported too.
-`default` stands for the embedded tasks built from data/world.py into data/tasks/:
-  ner     drug / disease / dose / gene spans in templated sentences
-  notes   which of the note types a clinical note is
-  needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
-          text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
+entity-level micro F1 (conlleval rules); the others are reported too. `default`: the
+embedded tasks (ner, notes, needle) that data/tasks.py builds from data/world.py.
 
-Every constant below can be overridden: `--key value` or `--key=value`. The functions read
-them when called, so Python users (the analysis code) can set `finetune.<name>` instead.
+Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
+Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
 """
 import copy
 import json
@@ -49,367 +38,83 @@ import random
 import re
 import sys
 import time
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
 import detour
+from detour import fail
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
+import tasks  # noqa: E402 (data/tasks.py: task files, read and built; next to data/world.py)
 
 # ----------------------------------------------------------------------------------------
-# Defaults. The protocol values are the paper's; the CPU default below shortens them.
+# The protocol. Its values are the paper's; the CPU default below shortens them.
 # ----------------------------------------------------------------------------------------
-ckpts = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (README); those that exist
-tasks = "default"          # comma-separated name=kind:path, or `default` (the embedded tasks)
-out_dir = "out/finetune"   # results.md / results.json
-tasks_dir = "data/tasks"   # where the embedded default tasks are written (once)
-pretrain_dir = "data/default"  # its val.txt / meta.json: default-task text seen in pretraining is dropped
-# protocol (paper)
-learning_rate = 5e-5       # peak lr, AdamW
-weight_decay = 0.01        # on weight matrices only (not biases, norms)
-batch_size = 16
-epochs = 10                # cls / multilabel / regression
-ner_epochs = 20            # token classification
-warmup_ratio = 0.10        # linear warmup over 10% of the steps, then linear decay to 0
-seeds = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
-max_len = 512              # longer inputs are truncated (and counted)
-pooling = "mean"           # cls | mean (over real tokens; the released ModernBERT config uses mean)
-dropout = 0.0              # classifier_dropout, between the head and the classifier (HF default 0.0)
-grad_clip = 1.0            # max grad norm, 0 = off (HF Trainer's max_grad_norm default is 1.0)
-pos_weight = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per label) | a number
-# linear probing: the encoder is frozen and only the head trains. Its features are computed
-# once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
-# linear layer alone barely moves at 5e-5 in a few epochs.
-probe = False              # probe every task (a task can also ask for it: kind+probe)
-probe_lr = 1e-3
-probe_epochs = 20
-# CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the
-# small model. On a CPU, unless --epochs/--ner_epochs/--seeds are given, these are used.
-cpu_epochs = 3
-cpu_ner_epochs = 3
-cpu_seeds = 3
-cpu_learning_rate = 5e-4   # the small CPU models barely move at 5e-5 in 3 epochs (near-chance scores)
-# embedded default tasks (data/world.py with new seeds; pretraining corpus seed is 1234),
-# sized so that the CPU default run of two small checkpoints takes a few minutes
-task_seed = 2025
-ner_sizes = "200,100,200"      # train, dev, test sentences (~17 tokens each)
-notes_sizes = "96,48,96"       # train, dev, test notes (~120 tokens each)
-needle_per_cell = "16,8,16"    # train, dev, test examples per (position, length) cell
-needle_lengths = "56,112,224"  # haystack length in words (~64/128/256 tokens with data/default)
-needle_positions = "start,middle,end"
-rebuild_tasks = False      # rewrite data/tasks even if it is up to date
-# shortening a protocol on a CPU: a fixed random subset (seed 0) of each split; 0 = all
-max_train = 0              # training examples per task
-max_eval = 0               # dev and test examples per task
-# system
-device = "auto"            # auto | cpu | cuda | cuda:N
-dtype = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
-progress = True            # tqdm bars
-bootstrap_samples = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
-# analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
-analysis = ""              # cka | drift | transplant
-texts = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
-layers = ""                # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10 | attn | mlp
+@dataclass(frozen=True)
+class Protocol:
+    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (README); those that exist
+    tasks: str = "default"          # comma-separated name=kind:path, or `default` (the embedded tasks)
+    out_dir: str = "out/finetune"   # results.md / results.json
+    tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
+    pretrain_dir: str = "data/default"  # its val.txt / meta.json: default-task text seen in pretraining is dropped
+    # protocol (paper)
+    learning_rate: float = 5e-5     # peak lr, AdamW
+    weight_decay: float = 0.01      # on weight matrices only (not biases, norms)
+    batch_size: int = 16
+    epochs: int = 10                # cls / multilabel / regression
+    ner_epochs: int = 20            # token classification
+    warmup_ratio: float = 0.10      # linear warmup over 10% of the steps, then linear decay to 0
+    seeds: int = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
+    max_len: int = 512              # longer inputs are truncated (and counted)
+    pooling: str = "mean"           # cls | mean (over real tokens; the released ModernBERT config uses mean)
+    dropout: float = 0.0            # classifier_dropout, between the head and the classifier (HF default 0.0)
+    grad_clip: float = 1.0          # max grad norm, 0 = off (HF Trainer's max_grad_norm default is 1.0)
+    pos_weight: str = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per label) | a number
+    # linear probing: the encoder is frozen and only the head trains. Its features are computed
+    # once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
+    # linear layer alone barely moves at 5e-5 in a few epochs.
+    probe: bool = False             # probe every task (a task can also ask for it: kind+probe)
+    probe_lr: float = 1e-3
+    probe_epochs: int = 20
+    # CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the
+    # small model. On a CPU, unless --epochs/--ner_epochs/--seeds/--learning_rate are given, main uses these.
+    cpu_epochs: int = 3
+    cpu_ner_epochs: int = 3
+    cpu_seeds: int = 3
+    cpu_learning_rate: float = 5e-4  # the small CPU models barely move at 5e-5 in 3 epochs (near-chance scores)
+    # embedded default tasks (data/tasks.py, world.py with new seeds; pretraining corpus seed is 1234),
+    # sized so that the CPU default run of two small checkpoints takes a few minutes
+    task_seed: int = 2025
+    ner_sizes: str = "200,100,200"      # train, dev, test sentences (~17 tokens each)
+    notes_sizes: str = "96,48,96"       # train, dev, test notes (~120 tokens each)
+    needle_per_cell: str = "16,8,16"    # train, dev, test examples per (position, length) cell
+    needle_lengths: str = "56,112,224"  # haystack length in words (~64/128/256 tokens with data/default)
+    needle_positions: str = "start,middle,end"
+    rebuild_tasks: bool = False     # rewrite data/tasks even if it is up to date
+    # shortening a protocol on a CPU: a fixed random subset (seed 0) of each split; 0 = all
+    max_train: int = 0              # training examples per task
+    max_eval: int = 0               # dev and test examples per task
+    # system
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
+    progress: bool = True           # tqdm bars
+    bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
+    # analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
+    analysis: str = ""              # cka | drift | transplant
+    texts: str = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
+    layers: str = ""                # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10 | attn | mlp
 
-DEFAULT_TASKS = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
-KINDS = ("cls", "multilabel", "regression", "ner")
-MAIN_METRIC = {"cls": "macro_f1", "multilabel": "micro_f1", "regression": "pearson", "ner": "f1"}
-SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
+CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # main: cpu_<key> unless --<key> is given
+REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio", "max_len",
+            "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr", "probe_epochs", "max_train",
+            "max_eval")  # the protocol settings results.json records
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
-ROOT = os.path.dirname(os.path.abspath(__file__))
-
-
-def fail(msg):
-    raise SystemExit(f"finetune.py: {msg}")
-
-
-# ----------------------------------------------------------------------------------------
-# Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
-# out_dir holding one in hf/.
-# ----------------------------------------------------------------------------------------
-def hf_dir(path):
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    if os.path.exists(os.path.join(path, "hf", "config.json")):
-        return os.path.join(path, "hf")
-    if os.path.exists(os.path.join(path, "ckpt.pt")):
-        fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
-    fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
-
-
-def load_encoder(path):
-    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
-    from tokenizers import Tokenizer
-    d = hf_dir(path)
-    tok_path = os.path.join(d, "tokenizer.json")
-    if not os.path.exists(tok_path):
-        fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
-    model, tokenizer = detour.load_hf(d), Tokenizer.from_file(tok_path)
-    c = model.config
-    if tokenizer.get_vocab_size() > c.vocab_size:
-        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
-             "wrong tokenizer?")
-    for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
-        if tokenizer.token_to_id(name) != want:
-            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
-                 "wrong tokenizer?")
-    return model, tokenizer
-
-
-# ----------------------------------------------------------------------------------------
-# Readers. Every example remembers its file line so that errors can point at it.
-# ----------------------------------------------------------------------------------------
-def find_split(directory, split, exts):
-    if not os.path.isdir(directory):
-        fail(f"task directory {directory} not found")
-    for name in SPLIT_NAMES[split]:
-        for ext in exts:
-            p = os.path.join(directory, name + ext)
-            if os.path.exists(p):
-                return p
-    names = ", ".join(n + e for n in SPLIT_NAMES[split] for e in exts)
-    fail(f"no {split} split in {directory} (looked for {names})")
-
-
-def read_conll(path):
-    """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
-    sents, cur = [], dict(words=[], tags=[], lines=[])
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("-DOCSTART-"):
-                if cur["words"]:
-                    sents.append(cur)
-                cur = dict(words=[], tags=[], lines=[])
-                continue
-            parts = line.split()
-            if len(parts) < 2:
-                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
-            cur["words"].append(parts[0])
-            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
-            cur["lines"].append(n)
-    if cur["words"]:
-        sents.append(cur)
-    if not sents:
-        fail(f"{path} is empty")
-    return sents
-
-
-def _label(value, kind, where):
-    """A raw label -> str (cls), list of str (multilabel), float (regression)."""
-    if kind == "cls" and isinstance(value, (str, int, bool)):
-        return str(value)
-    if kind == "multilabel" and isinstance(value, list) and all(isinstance(v, (str, int)) for v in value):
-        return [str(v) for v in value]
-    if kind == "regression" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    want = {"cls": "a string", "multilabel": "a list of strings", "regression": "a number"}[kind]
-    fail(f"{where}: label should be {want} for a {kind} task, got {value!r}")
-
-
-def read_jsonl(path, kind):
-    """JSONL file -> [dict(text, text_b, label, groups, line)]."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                d = json.loads(raw)
-            except json.JSONDecodeError as e:
-                fail(f"{where}: not valid JSON ({e.msg})")
-            if not isinstance(d, dict):
-                fail(f"{where}: expected a JSON object")
-            if "text" in d:
-                text, text_b = d["text"], None
-            elif "text_a" in d and "text_b" in d:
-                text, text_b = d["text_a"], d["text_b"]
-            else:
-                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
-            if "label" not in d:
-                fail(f"{where}: missing field `label`")
-            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
-                fail(f"{where}: text fields must be strings")
-            groups = d.get("group", [])
-            out.append(dict(text=text, text_b=text_b, label=_label(d["label"], kind, where),
-                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
-    if not out:
-        fail(f"{path} is empty")
-    return out
-
-
-def read_tsv(path, kind):
-    """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
-    `text_b`/`sentence2`), label in `label` or `labels`.
-    Multilabel labels are comma-separated; items written name_0/name_1 (HoC's form) mean
-    absent/present."""
-    with open(path, encoding="utf-8") as f:
-        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
-    if len(rows) < 2:
-        fail(f"{path} is empty (a header and at least one row are needed)")
-    header = rows[0][1]
-    col = lambda *names: next((header.index(x) for x in names if x in header), None)
-    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
-    lab = col("label", "labels", "score")
-    if t is None or lab is None:
-        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
-    out = []
-    for n, cells in rows[1:]:
-        where = f"{path}:{n}"
-        if len(cells) != len(header):
-            fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
-        raw = cells[lab]
-        if kind == "regression":
-            try:
-                label = float(raw)
-            except ValueError:
-                fail(f"{where}: label should be a number, got {raw!r}")
-        elif kind == "multilabel":
-            items = [x.strip() for x in raw.split(",") if x.strip()]
-            if items and all(x[-2:] in ("_0", "_1") for x in items):
-                items = [x[:-2] for x in items if x.endswith("_1")]
-            label = items
-        else:
-            label = raw
-        out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
-                        label=label, groups=[], line=n))
-    return out
-
-
-def read_split(directory, split, kind):
-    if kind == "ner":
-        return find_split(directory, split, (".tsv", ".txt", ".conll", ".iob")), None
-    path = find_split(directory, split, (".jsonl", ".tsv"))
-    return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
-
-
-# ----------------------------------------------------------------------------------------
-# Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
-# each word and ignores the rest, so a word is predicted once, from its first piece.
-# ----------------------------------------------------------------------------------------
-def encode(tokenizer, text, text_b=None):
-    """-> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
-    or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    a = tokenizer.encode(text, add_special_tokens=False).ids
-    b = tokenizer.encode(text_b, add_special_tokens=False).ids if text_b is not None else None
-    room = max_len - (2 if b is None else 3)
-    truncated = len(a) + len(b or []) > room
-    if b is None:
-        return [cls] + a[:room] + [sep], truncated
-    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
-    b = b[:room - len(a)]
-    return [cls] + a + [sep] + b + [sep], truncated
-
-
-def encode_words(tokenizer, words, tag_ids):
-    """Words joined by spaces, tokenized as running text (as in pretraining), each word's
-    first sub-token gets its tag, every other token IGNORE.
-    -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
-    own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
-    text, starts = "", []
-    for w in words:
-        starts.append(len(text) + (1 if text else 0))
-        text += (" " if text else "") + w
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    ids, offsets = enc.ids[:max_len - 2], enc.offsets[:max_len - 2]
-    char_tok = [-1] * len(text)          # the first token that covers each character
-    for t, (s, e) in enumerate(offsets):
-        for ch in range(s, e):
-            if char_tok[ch] < 0:
-                char_tok[ch] = t
-    target, mapped, last = [IGNORE] * len(ids), [], -1
-    for w, (start, tag) in enumerate(zip(starts, tag_ids)):
-        t = next((char_tok[ch] for ch in range(start, start + len(words[w])) if char_tok[ch] >= 0), -1)
-        mapped.append(t > last)
-        if t > last:
-            target[t], last = tag, t
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
-            mapped, len(enc.ids) > max_len - 2)
-
-
-def load_task(name, kind, path, tokenizer, frozen=False):
-    """Read train/dev/test of one task and encode them -> task dict.
-    The label set comes from the training split (sorted); dev/test labels must be in it."""
-    if kind not in KINDS:
-        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    raw = {}
-    for split in ("train", "dev", "test"):
-        file, rows = read_split(path, split, kind)
-        raw[split] = (file, read_conll(file) if kind == "ner" else rows)
-    train = raw["train"][1]
-    if kind == "ner":
-        labels = sorted({t for s in train for t in s["tags"]})
-    elif kind == "multilabel":
-        labels = sorted({x for ex in train for x in ex["label"]})
-    elif kind == "cls":
-        labels = sorted({ex["label"] for ex in train})
-    else:
-        labels = []
-    index = {l: i for i, l in enumerate(labels)}
-    splits, n_trunc = {}, 0
-    for split, (file, rows) in raw.items():
-        out = []
-        for ex in rows:
-            if kind == "ner":
-                for tag, n in zip(ex["tags"], ex["lines"]):
-                    if tag not in index:
-                        fail(f"{file}:{n}: tag {tag!r} does not occur in the training split")
-                ids, target, mapped, cut = encode_words(tokenizer, ex["words"], [index[t] for t in ex["tags"]])
-                out.append(dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]))
-            else:
-                wanted = ex["label"] if kind == "multilabel" else [ex["label"]] if kind == "cls" else []
-                for lab in wanted:
-                    if lab not in index:
-                        fail(f"{file}:{ex['line']}: label {lab!r} does not occur in the training split")
-                if kind == "cls":
-                    y = index[ex["label"]]
-                elif kind == "multilabel":
-                    y = [0.0] * len(labels)
-                    for lab in ex["label"]:
-                        y[index[lab]] = 1.0
-                else:
-                    y = ex["label"]
-                ids, cut = encode(tokenizer, ex["text"], ex["text_b"])
-                out.append(dict(ids=ids, y=y, groups=ex["groups"]))
-            n_trunc += cut
-        limit = max_train if split == "train" else max_eval
-        if 0 < limit < len(out):  # the same subset for every checkpoint and seed
-            keep = sorted(random.Random(0).sample(range(len(out)), limit))
-            out = [out[i] for i in keep]
-        splits[split] = out
-    if n_trunc:
-        print(f"{name}: {n_trunc} examples truncated to max_len={max_len} tokens")
-    if kind == "cls" and len(labels) < 2:
-        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
-    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
-
-
-def parse_tasks(spec):
-    """`name=kind[+probe]:path,...` (and `default`) -> [(name, kind, path, probe)]."""
-    out = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item == "default":
-            out += parse_tasks(DEFAULT_TASKS.format(d=tasks_dir))
-            continue
-        name, eq, rest = item.partition("=")
-        kind, colon, path = rest.partition(":")
-        if not (eq and colon and name and path):
-            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), or `default`")
-        kind, _, mode = kind.partition("+")
-        if kind not in KINDS or mode not in ("", "probe"):
-            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(KINDS)}, optionally +probe)")
-        if name == "average" or name in [t[0] for t in out]:
-            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
-        out.append((name, kind, path, mode == "probe"))
-    if not out:
-        fail("no tasks given")
-    return out
-
 
 # ----------------------------------------------------------------------------------------
 # Metrics, written out so that their definitions are visible.
@@ -417,14 +122,12 @@ def parse_tasks(spec):
 def _f1(tp, fp, fn):
     return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
 
-
 def cls_metrics(gold, pred):
     """Accuracy and macro F1 over the labels that occur in gold or prediction (sklearn's default)."""
     gold, pred = np.asarray(gold), np.asarray(pred)
     f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
                np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
-
 
 def multilabel_metrics(gold, pred):
     """gold, pred: (N, L) 0/1. Micro F1 pools all decisions; macro F1 averages per label
@@ -434,12 +137,10 @@ def multilabel_metrics(gold, pred):
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
                 macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
 
-
 def pearson(x, y):
     x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
     denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
     return float((x * y).sum() / denom) if denom > 0 else 0.0
-
 
 def ranks(x):
     """Ranks 1..n, ties get the average of their ranks (as Spearman needs)."""
@@ -452,11 +153,9 @@ def ranks(x):
         r[tie] = r[tie].mean()
     return r
 
-
 def regression_metrics(gold, pred):
     return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
                 mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
-
 
 def entity_spans(tags):
     """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
@@ -472,7 +171,6 @@ def entity_spans(tags):
             start, kind = i, typ
     return spans
 
-
 def entity_f1(gold_seqs, pred_seqs):
     """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
     gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
@@ -481,7 +179,6 @@ def entity_f1(gold_seqs, pred_seqs):
     p = tp / len(pred) if pred else 0.0
     r = tp / len(gold) if gold else 0.0
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
-
 
 def group_accuracy(examples, gold, pred):
     """Accuracy per group tag, for tasks whose examples carry groups (the needle's
@@ -494,6 +191,203 @@ def group_accuracy(examples, gold, pred):
     return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
             for g in names}
 
+
+# Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
+def cls_score(task, examples, out):
+    gold, pred = [ex["y"] for ex in examples], [int(z.argmax()) for z in out]
+    m = cls_metrics(gold, pred)
+    if any(ex["groups"] for ex in examples):
+        m["groups"] = group_accuracy(examples, gold, pred)
+    return m
+
+def ner_score(task, examples, out):
+    pred_tags = []
+    for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
+        it = iter(z.argmax(-1).tolist())
+        pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
+    p, r, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
+    return dict(f1=f1, precision=p, recall=r)
+
+# ----------------------------------------------------------------------------------------
+# The task kinds: what differs between them, in one table; every code path below is shared.
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    main: str                 # the main metric
+    score: object             # (task, examples, logits per example) -> metrics
+    loss: object              # (float logits, targets, pos_weight) -> loss
+    target: torch.dtype       # of the training targets
+    epochs: str               # the Protocol field that counts its epochs
+    label_set: object         # training examples -> the sorted label set; [] = a single output
+    per_token: bool = False   # CoNLL files; a prediction per word (its first sub-token)
+    gold: object = None       # a label -> the label names it needs in the label set
+    y: object = None          # (label, index of the label set) -> the training target
+    min_labels: int = 0       # fewer in the training split is an error
+    weighted: bool = False    # the loss takes --pos_weight
+    one_output: bool = False  # a single output (regression), else one per label
+
+KINDS = {
+    "cls": Kind(
+        main="macro_f1", score=cls_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
+        epochs="epochs", label_set=lambda rows: sorted({ex["label"] for ex in rows}),
+        gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
+    "multilabel": Kind(
+        main="micro_f1", target=torch.float, epochs="epochs", weighted=True,
+        score=lambda task, exs, out: multilabel_metrics([ex["y"] for ex in exs], [(z > 0).numpy() for z in out]),
+        loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
+        y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
+    "regression": Kind(
+        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        score=lambda task, exs, out: regression_metrics([ex["y"] for ex in exs], [float(z[0]) for z in out]),
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), label_set=lambda rows: [],
+        gold=lambda label: [], y=lambda label, index: label),
+    "ner": Kind(
+        main="f1", score=ner_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
+        epochs="ner_epochs", label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
+}
+
+# ----------------------------------------------------------------------------------------
+# Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
+# out_dir holding one in hf/.
+# ----------------------------------------------------------------------------------------
+def hf_dir(path):
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    if os.path.exists(os.path.join(path, "hf", "config.json")):
+        return os.path.join(path, "hf")
+    if os.path.exists(os.path.join(path, "ckpt.pt")):
+        fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
+    fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
+
+def load_encoder(path):
+    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
+    d = hf_dir(path)
+    tok_path = os.path.join(d, "tokenizer.json")
+    if not os.path.exists(tok_path):
+        fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
+    model, tokenizer = detour.load_hf(d), Tokenizer.from_file(tok_path)
+    c = model.config
+    if tokenizer.get_vocab_size() > c.vocab_size:
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
+             "wrong tokenizer?")
+    for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
+        if tokenizer.token_to_id(name) != want:
+            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
+                 "wrong tokenizer?")
+    return model, tokenizer
+
+# ----------------------------------------------------------------------------------------
+# Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
+# each word and ignores the rest, so a word is predicted once, from its first piece.
+# ----------------------------------------------------------------------------------------
+def encode(p, tokenizer, text, text_b=None):
+    """-> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
+    or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    a = tokenizer.encode(text, add_special_tokens=False).ids
+    b = tokenizer.encode(text_b, add_special_tokens=False).ids if text_b is not None else None
+    room = p.max_len - (2 if b is None else 3)
+    truncated = len(a) + len(b or []) > room
+    if b is None:
+        return [cls] + a[:room] + [sep], truncated
+    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
+    b = b[:room - len(a)]
+    return [cls] + a + [sep] + b + [sep], truncated
+
+def encode_words(p, tokenizer, words, tag_ids):
+    """Words joined by spaces, tokenized as running text (as in pretraining), each word's
+    first sub-token gets its tag, every other token IGNORE.
+    -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
+    own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
+    text, starts = "", []
+    for w in words:
+        starts.append(len(text) + (1 if text else 0))
+        text += (" " if text else "") + w
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
+    char_tok = [-1] * len(text)          # the first token that covers each character
+    for t, (s, e) in enumerate(offsets):
+        for ch in range(s, e):
+            if char_tok[ch] < 0:
+                char_tok[ch] = t
+    target, mapped, last = [IGNORE] * len(ids), [], -1
+    for w, (start, tag) in enumerate(zip(starts, tag_ids)):
+        t = next((char_tok[ch] for ch in range(start, start + len(words[w])) if char_tok[ch] >= 0), -1)
+        mapped.append(t > last)
+        if t > last:
+            target[t], last = tag, t
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
+            mapped, len(enc.ids) > p.max_len - 2)
+
+def encode_example(p, K, tokenizer, ex, index, file):
+    """One read example -> (encoded example, truncated); its labels must be in `index`."""
+    if K.per_token:
+        for tag, n in zip(ex["tags"], ex["lines"]):
+            if tag not in index:
+                fail(f"{file}:{n}: tag {tag!r} does not occur in the training split")
+        ids, target, mapped, cut = encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
+        return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
+    for lab in K.gold(ex["label"]):
+        if lab not in index:
+            fail(f"{file}:{ex['line']}: label {lab!r} does not occur in the training split")
+    ids, cut = encode(p, tokenizer, ex["text"], ex["text_b"])
+    return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
+
+def load_task(p, name, kind, path, tokenizer, frozen=False):
+    """Read train/dev/test of one task and encode them -> task dict.
+    The label set comes from the training split (sorted); dev/test labels must be in it."""
+    if kind not in KINDS:
+        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    K = KINDS[kind]
+    raw = {split: tasks.read_split(path, split, kind) for split in ("train", "dev", "test")}
+    labels = K.label_set(raw["train"][1])
+    index = {l: i for i, l in enumerate(labels)}
+    splits, n_trunc = {}, 0
+    for split, (file, rows) in raw.items():
+        out = []
+        for ex in rows:
+            encoded, cut = encode_example(p, K, tokenizer, ex, index, file)
+            out.append(encoded)
+            n_trunc += cut
+        limit = p.max_train if split == "train" else p.max_eval
+        if 0 < limit < len(out):  # the same subset for every checkpoint and seed
+            keep = sorted(random.Random(0).sample(range(len(out)), limit))
+            out = [out[i] for i in keep]
+        splits[split] = out
+    if n_trunc:
+        print(f"{name}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
+    if len(labels) < K.min_labels:
+        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
+    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
+
+def parse_tasks(spec, tasks_dir):
+    """`name=kind[+probe]:path,...` (and `default`: the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
+    out = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item == "default":
+            out += parse_tasks(tasks.SPEC.format(d=tasks_dir), tasks_dir)
+            continue
+        name, eq, rest = item.partition("=")
+        kind, colon, path = rest.partition(":")
+        if not (eq and colon and name and path):
+            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), or `default`")
+        kind, _, mode = kind.partition("+")
+        if kind not in KINDS or mode not in ("", "probe"):
+            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(KINDS)}, optionally +probe)")
+        if name == "average" or name in [t[0] for t in out]:
+            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
+        out.append((name, kind, path, mode == "probe"))
+    if not out:
+        fail("no tasks given")
+    return out
+
+def build_default_tasks(p):
+    """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
+    return tasks.build_default_tasks(
+        p.tasks_dir, p.pretrain_dir, p.task_seed, p.ner_sizes, p.notes_sizes, p.needle_per_cell,
+        p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
 
 # ----------------------------------------------------------------------------------------
 # Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
@@ -512,8 +406,7 @@ def sign_flip_p(d):
     signs = 1.0 - 2.0 * ((np.arange(2 ** len(d))[:, None] >> np.arange(len(d))) & 1)
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
-
-def paired_bootstrap(a, b, samples=None, seed=0):
+def paired_bootstrap(a, b, samples=10_000, seed=0):
     """One-sided bootstrap p that `a` beats `b`: resample the paired units a_i - b_i with
     replacement; p = (1 + #resampled means <= 0) / (1 + samples), so p >= 1/(samples + 1)
     and never prints as 0. Anti-conservative for a handful of units (it treats the observed
@@ -521,10 +414,8 @@ def paired_bootstrap(a, b, samples=None, seed=0):
     d = np.asarray(a, float) - np.asarray(b, float)
     if not np.any(d):
         return 1.0  # no difference at all: no evidence
-    samples = samples or bootstrap_samples
     means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
     return float((1 + np.sum(means <= 0)) / (1 + samples))
-
 
 def t_quantile(q, df):
     """Student-t quantile for q in (0.5, 1): the pdf integrated numerically from 0 (the
@@ -534,7 +425,6 @@ def t_quantile(q, df):
     pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
     cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
     return float(np.interp(q, cdf, x))
-
 
 def mean_interval(d, level=0.95):
     """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
@@ -546,7 +436,6 @@ def mean_interval(d, level=0.95):
     half = t_quantile(0.5 + level / 2, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
     return m, m - half, m + half
 
-
 def detectable_difference(d, alpha=0.05, power=0.80):
     """The smallest true mean difference a one-sided paired t test at `alpha` over these
     units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
@@ -556,11 +445,9 @@ def detectable_difference(d, alpha=0.05, power=0.80):
     df = len(d) - 1
     return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
 
-
 def format_p(p):
     """A p-value as text; it is never 0 (every p here has a floor above 0)."""
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
-
 
 # ----------------------------------------------------------------------------------------
 # The fine-tuning model: transformers' ModernBertForTokenClassification (NER) and
@@ -570,9 +457,9 @@ def format_p(p):
 # names match HF's (model.*, head.*, classifier.*). Only the MLM decoder is left out.
 # ----------------------------------------------------------------------------------------
 class TaskModel(nn.Module):
-    def __init__(self, encoder, n_out, per_token):
+    def __init__(self, encoder, n_out, per_token, pooling, dropout):
         super().__init__()
-        self.model, self.head, self.per_token = encoder.model, encoder.head, per_token
+        self.model, self.head, self.per_token, self.pooling = encoder.model, encoder.head, per_token, pooling
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, n_out)
         std = encoder.config.hidden_size ** -0.5  # HF's "final_out" init of the classifier
@@ -589,7 +476,7 @@ class TaskModel(nn.Module):
         h = self.model(ids, attention_mask=mask)
         if self.per_token:
             return self.head(h[target != IGNORE])
-        if pooling == "cls":
+        if self.pooling == "cls":
             return self.head(h[:, 0])
         m = mask.unsqueeze(-1).to(h.dtype)
         return self.head((h * m).sum(1) / m.sum(1))
@@ -597,15 +484,12 @@ class TaskModel(nn.Module):
     def forward(self, x):
         return self.classifier(self.drop(x))
 
+def get_device(p):
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if p.device == "auto" else p.device)
 
-def get_device():
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-
-
-def autocast(dev):
-    bf16 = dtype == "bfloat16" or (dtype == "auto" and dev.type == "cuda")
+def autocast(p, dev):
+    bf16 = p.dtype == "bfloat16" or (p.dtype == "auto" and dev.type == "cuda")
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
-
 
 def pad_batch(examples, pad_id, dev):
     T = max(len(ex["ids"]) for ex in examples)
@@ -619,34 +503,21 @@ def pad_batch(examples, pad_id, dev):
             target[i, :len(ex["target"])] = torch.tensor(ex["target"])
     return ids.to(dev), mask.to(dev), target.to(dev)
 
-
-def targets(kind, examples, dev):
-    if kind == "ner":
-        t = torch.tensor([y for ex in examples for y in ex["target"] if y != IGNORE], dtype=torch.long)
-    elif kind == "cls":
-        t = torch.tensor([ex["y"] for ex in examples], dtype=torch.long)
+def targets(K, examples, dev):
+    """A batch's training targets: one per labeled word (NER) or per example."""
+    if K.per_token:
+        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
     else:
-        t = torch.tensor([ex["y"] for ex in examples], dtype=torch.float)
-    return t.to(dev)
+        ys = [ex["y"] for ex in examples]
+    return torch.tensor(ys, dtype=K.target).to(dev)
 
-
-def loss_fn(kind, logits, y, pw=None):
-    logits = logits.float()
-    if kind in ("cls", "ner"):
-        return F.cross_entropy(logits, y)
-    if kind == "multilabel":
-        return F.binary_cross_entropy_with_logits(logits, y, pos_weight=pw)
-    return F.mse_loss(logits[:, 0], y)
-
-
-def length_batches(examples):
+def length_batches(examples, batch_size):
     """Evaluation batches of similar length (less padding); yields index lists."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
     for s in range(0, len(order), batch_size):
         yield order[s:s + batch_size]
 
-
-def train_order(examples, rng, group=8):
+def train_order(examples, rng, batch_size, group=8):
     """One epoch of shuffled training batches. Like HF's group_by_length: every `group`
     batches' worth of shuffled examples is sorted by length before it is cut into batches,
     so a batch pads little (a CPU saver); the batches are then shuffled again."""
@@ -659,17 +530,16 @@ def train_order(examples, rng, group=8):
     rng.shuffle(batches)
     return batches
 
-
 @torch.no_grad()
-def embed(tm, examples, dev):
+def embed(p, tm, examples, dev):
     """Frozen-encoder head inputs for every example, computed once (linear probing):
     a (d,) vector each, or (n_labeled_tokens, d) for NER; kept on the CPU."""
     tm.eval()
     out = [None] * len(examples)
-    for idx in length_batches(examples):
+    for idx in length_batches(examples, p.batch_size):
         batch = [examples[i] for i in idx]
         ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
-        with autocast(dev):
+        with autocast(p, dev):
             x = tm.features(ids, mask, target).float().cpu()
         if tm.per_token:
             x = x.split([sum(y != IGNORE for y in ex["target"]) for ex in batch])
@@ -677,13 +547,11 @@ def embed(tm, examples, dev):
             out[i] = v
     return out
 
-
-def probe_features(model, task):
+def probe_features(p, model, task):
     """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
-    dev = get_device()
-    tm = TaskModel(model.to(dev), 1, per_token=task["kind"] == "ner").to(dev)  # its classifier is unused
-    return {s: embed(tm, task[s], dev) for s in ("train", "dev", "test")}
-
+    dev = get_device(p)
+    tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
+    return {s: embed(p, tm, task[s], dev) for s in ("train", "dev", "test")}
 
 def head_inputs(tm, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
@@ -692,245 +560,95 @@ def head_inputs(tm, examples, idx, feats, dev):
     ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
     return tm.features(ids, mask, target)
 
-
 @torch.no_grad()
-def evaluate(tm, task, split, feats, dev):
+def evaluate(p, tm, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
     tm.eval()
-    kind, examples = task["kind"], task[split]
+    K, examples = KINDS[task["kind"]], task[split]
     out = [None] * len(examples)
-    for idx in length_batches(examples):
-        with autocast(dev):
+    for idx in length_batches(examples, p.batch_size):
+        with autocast(p, dev):
             logits = tm(head_inputs(tm, examples, idx, feats, dev)).float().cpu()
-        if kind == "ner":
+        if K.per_token:  # one row per labeled word: split them by example
             logits = logits.split([sum(examples[i]["mapped"]) for i in idx])
         for i, z in zip(idx, logits):
             out[i] = z
-    if kind == "ner":
-        pred_tags = []
-        for ex, z in zip(examples, out):
-            it = iter(z.argmax(-1).tolist())
-            pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
-        p, r, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
-        m = dict(f1=f1, precision=p, recall=r)
-    elif kind == "cls":
-        gold, pred = [ex["y"] for ex in examples], [int(z.argmax()) for z in out]
-        m = cls_metrics(gold, pred)
-        if any(ex["groups"] for ex in examples):
-            m["groups"] = group_accuracy(examples, gold, pred)
-    elif kind == "multilabel":
-        m = multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
-    else:
-        m = regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
-    m["main"] = m[MAIN_METRIC[kind]]
+    m = K.score(task, examples, out)
+    m["main"] = m[K.main]
     return m
 
+# ----------------------------------------------------------------------------------------
+# Fine-tuning one (checkpoint, task, seed).
+# ----------------------------------------------------------------------------------------
+def pos_weights(p, train, n_out, dev):
+    """--pos_weight for the multilabel BCE: none, auto (n_neg/n_pos per label) or a number."""
+    if p.pos_weight == "none":
+        return None
+    y = torch.tensor([ex["y"] for ex in train])
+    return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if p.pos_weight == "auto"
+            else torch.full((n_out,), float(p.pos_weight))).to(dev)
 
-def finetune_one(model, task, seed, feats=None, desc="", keep_model=False):
+def optimizer(p, tm, frozen):
+    """AdamW over the classifier (probe) or everything, decay on weight matrices only -> (opt, params, peak lr)."""
+    params = list(tm.classifier.parameters()) if frozen else list(tm.parameters())
+    groups = [dict(params=[q for q in params if q.dim() >= 2], weight_decay=p.weight_decay),
+              dict(params=[q for q in params if q.dim() < 2], weight_decay=0.0)]
+    peak = p.probe_lr if frozen else p.learning_rate
+    return torch.optim.AdamW(groups, lr=peak), params, peak
+
+def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
     """Fine-tune a fresh copy of `model`'s encoder (or, for a probe task, a head on the
     frozen encoder) on task["train"] with `seed`; pick the epoch with the best dev main
     metric; report test with that epoch's weights.
     -> dict(dev=metrics, test=metrics, epoch=best epoch, losses=mean training loss per epoch),
     plus model=the TaskModel with the best epoch's weights when keep_model (for analysis).
-    `feats`: optional probe_features(model, task), to share them across seeds."""
-    dev, kind, frozen = get_device(), task["kind"], task["probe"] or probe
+    `feats`: optional probe_features(p, model, task), to share them across seeds."""
+    dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
-    n_out = 1 if kind == "regression" else len(task["labels"])
+    n_out = 1 if K.one_output else len(task["labels"])
     # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
     # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
     encoder = model.to(dev) if frozen else copy.deepcopy(model)
-    tm = TaskModel(encoder, n_out, per_token=kind == "ner").to(dev)
-    if frozen:
-        feats = feats or probe_features(model, task)
-    else:
-        feats = {"train": None, "dev": None, "test": None}
-    train = task["train"]
-    pw = None
-    if kind == "multilabel" and pos_weight != "none":
-        y = torch.tensor([ex["y"] for ex in train])
-        pw = ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if pos_weight == "auto"
-              else torch.full((n_out,), float(pos_weight))).to(dev)
-    params = list(tm.classifier.parameters()) if frozen else list(tm.parameters())
-    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
-              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
-    peak = probe_lr if frozen else learning_rate
-    opt = torch.optim.AdamW(groups, lr=peak)
-    n_epochs = probe_epochs if frozen else ner_epochs if kind == "ner" else epochs
-    per_epoch = math.ceil(len(train) / batch_size)
-    total, warm = n_epochs * per_epoch, max(1, int(warmup_ratio * n_epochs * per_epoch))
+    tm = TaskModel(encoder, n_out, K.per_token, p.pooling, p.dropout).to(dev)
+    feats = (feats or probe_features(p, model, task)) if frozen else {"train": None, "dev": None, "test": None}
+    pw = pos_weights(p, train, n_out, dev) if K.weighted else None
+    opt, params, peak = optimizer(p, tm, frozen)
+    n_epochs = p.probe_epochs if frozen else getattr(p, K.epochs)
+    per_epoch = math.ceil(len(train) / p.batch_size)
+    total, warm = n_epochs * per_epoch, max(1, int(p.warmup_ratio * n_epochs * per_epoch))
     order_rng = random.Random(seed)
     best, best_state, best_epoch, step, losses = None, None, 0, 0, []
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    bar = tqdm(total=total, desc=desc, disable=not p.progress, leave=False, dynamic_ncols=True)
     for epoch in range(1, n_epochs + 1):
         epoch_loss = []
-        for idx in train_order(train, order_rng):
+        for idx in train_order(train, order_rng, p.batch_size):
             tm.train()
             # linear warmup to the peak, then linear decay to 0 at the last step
             lr = peak * (step + 1) / warm if step < warm else peak * (total - step) / max(1, total - warm)
             for g in opt.param_groups:
                 g["lr"] = lr
-            with autocast(dev):
+            with autocast(p, dev):
                 logits = tm(head_inputs(tm, train, idx, feats["train"], dev))
-            loss = loss_fn(kind, logits, targets(kind, [train[i] for i in idx], dev), pw)
+            loss = K.loss(logits.float(), targets(K, [train[i] for i in idx], dev), pw)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, grad_clip)
+            if p.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
             opt.step()
             step += 1
             epoch_loss.append(loss.item())
             bar.update(1)
             bar.set_postfix(epoch=epoch, loss=f"{epoch_loss[-1]:.3f}")
         losses.append(float(np.mean(epoch_loss)))
-        m = evaluate(tm, task, "dev", feats["dev"], dev)
+        m = evaluate(p, tm, task, "dev", feats["dev"], dev)
         if best is None or m["main"] > best["main"]:
             best, best_epoch = m, epoch
             best_state = {k: v.detach().clone() for k, v in tm.state_dict().items()
                           if not frozen or k.startswith("classifier.")}
     bar.close()
     tm.load_state_dict(best_state, strict=not frozen)
-    test = evaluate(tm, task, "test", feats["test"], dev)
-    out = dict(dev=best, test=test, epoch=best_epoch, losses=losses)
+    out = dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
     return dict(out, model=tm) if keep_model else out
-
-
-# ----------------------------------------------------------------------------------------
-# Embedded default tasks, built from data/world.py with seeds other than the pretraining
-# corpus's (1234), written to data/tasks/ once and read back through the readers above.
-# ----------------------------------------------------------------------------------------
-def _world():
-    sys.path.insert(0, os.path.join(ROOT, "data"))
-    try:
-        import world
-    except ImportError as e:
-        fail(f"the default tasks need data/world.py ({e}); or pass --tasks name=kind:path")
-    return world
-
-
-def pretraining_text():
-    """Text the encoders were pretrained on, to drop default-task examples that occur in it
-    verbatim: data/default/val.txt, plus all the documents when meta.json's source says they
-    were generated by world.corpus(n_docs, seed). '' when data/default is absent."""
-    parts = []
-    val = os.path.join(pretrain_dir, "val.txt")
-    if os.path.exists(val):
-        with open(val, encoding="utf-8") as f:
-            parts.append(f.read())
-    meta_path = os.path.join(pretrain_dir, "meta.json")
-    if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
-        made = re.fullmatch(r"generated:world\.corpus\((\d+), (\d+)\)", str(meta.get("source", "")))
-        if made:
-            parts += _world().corpus(int(made.group(1)), int(made.group(2)))
-    return "\n".join(parts)
-
-
-def _sizes(text, name):
-    try:
-        sizes = [int(x) for x in text.split(",")]
-        assert len(sizes) == 3 and min(sizes) > 0
-    except (ValueError, AssertionError):
-        fail(f"--{name} expects three positive counts train,dev,test; got {text!r}")
-    return dict(zip(("train", "dev", "test"), sizes))
-
-
-def _unique(make, n, seen):
-    """n examples from make() whose text is new: not in pretraining, not in another split."""
-    out, tries = [], 0
-    while len(out) < n:
-        tries += 1
-        if tries > 50 * n + 1000:
-            fail(f"could not draw {n} default-task examples unseen in pretraining; lower the task sizes")
-        ex, text = make()
-        if text in seen["pretrain"]:
-            seen["dropped"] += 1
-        elif text not in seen["set"]:
-            seen["set"].add(text)
-            out.append(ex)
-    return out
-
-
-def needle_example(world, rng, length, position, present):
-    """The needle-in-a-haystack probe: query (text_a) = a templated fact about a patient;
-    haystack (text_b) = `length` words of world documents with a fact about that patient
-    inserted at the start, middle or end. The fact is the query (present) or differs from
-    it only in its slot values, the drug and dose (absent)."""
-    template = "Patient {ID} was prescribed {DRUG} {DOSE} ."
-    pid = str(rng.randint(1000, 9999))
-    drug, dose = rng.choice(world.DRUGS), rng.choice(world.DOSES)
-    query, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
-    if not present:
-        drug = rng.choice([d for d in world.DRUGS if d != drug])
-        dose = rng.choice(world.DOSES)
-    fact, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
-    filler = []
-    while len(filler) < length:
-        filler += world.document(rng).split()
-    # end the filler on a sentence boundary so the fact is never spliced into a sentence
-    ends = [i + 1 for i, w in enumerate(filler[:length]) if w == "."]
-    filler = filler[:ends[-1] if ends else length]
-    ends = [i + 1 for i, w in enumerate(filler) if w == "."]
-    at = {"start": 0, "end": len(filler),
-          "middle": min(ends or [len(filler) // 2], key=lambda i: abs(i - len(filler) // 2))}[position]
-    haystack = filler[:at] + fact + filler[at:]
-    return dict(text_a=" ".join(query), text_b=" ".join(haystack),
-                label="present" if present else "absent", group=[position, f"{length} words"])
-
-
-def build_default_tasks(directory=None):
-    """Write the default tasks (ner, notes, needle) under `directory` unless they are there
-    already with the same recipe (spec.json). Returns the directory."""
-    directory = directory or tasks_dir
-    meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
-    if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            pretrain = json.load(f).get("source")
-    spec = dict(version=1, task_seed=task_seed, ner_sizes=ner_sizes, notes_sizes=notes_sizes,
-                needle_per_cell=needle_per_cell, needle_lengths=needle_lengths,
-                needle_positions=needle_positions, pretrain_dir=os.path.abspath(pretrain_dir),
-                pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
-    spec_path = os.path.join(directory, "spec.json")
-    if not rebuild_tasks and os.path.exists(spec_path):
-        with open(spec_path) as f:
-            if json.load(f) == spec:
-                return directory
-    world = _world()
-    print(f"building the default tasks in {directory} (seed {task_seed})")
-    seen = dict(set=set(), pretrain=pretraining_text(), dropped=0)
-    written = {}
-    for split_i, split in enumerate(("train", "dev", "test")):
-        rng = random.Random(task_seed * 10 + split_i)  # one stream per split: test never shifts with train sizes
-
-        def ner_one():
-            words, tags = world.sentence(rng)
-            return (words, tags), " ".join(words)
-        sents = _unique(ner_one, _sizes(ner_sizes, "ner_sizes")[split], seen)
-        written[("ner", split + ".tsv")] = "\n\n".join(
-            "\n".join(f"{w}\t{t}" for w, t in zip(words, tags)) for words, tags in sents) + "\n"
-
-        def note_one():
-            text, note_type = world.note(rng)
-            return dict(text=text, label=note_type), text
-        notes = _unique(note_one, _sizes(notes_sizes, "notes_sizes")[split], seen)
-        written[("notes", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in notes)
-
-        needles = []
-        for length in [int(x) for x in needle_lengths.split(",")]:
-            for position in needle_positions.split(","):
-                n = _sizes(needle_per_cell, "needle_per_cell")[split]
-                for i in range(n):  # balanced: half present, half absent (training shuffles)
-                    needles.append(needle_example(world, rng, length, position, present=i % 2 == 0))
-        written[("needle", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in needles)
-    for (name, file), text in written.items():
-        os.makedirs(os.path.join(directory, name), exist_ok=True)
-        with open(os.path.join(directory, name, file), "w", encoding="utf-8") as f:
-            f.write(text)
-    with open(spec_path, "w") as f:
-        json.dump(spec, f, indent=1)
-    print(f"default tasks: {seen['dropped']} drawn examples dropped, seen verbatim in pretraining text")
-    return directory
-
 
 # ----------------------------------------------------------------------------------------
 # The comparison: every checkpoint x task x seed, then the tables.
@@ -939,7 +657,6 @@ def mean_std(xs):
     """Mean and sample standard deviation (0 for a single seed)."""
     xs = np.asarray(xs, float)
     return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
-
 
 def arms_of(ckpt_paths):
     """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
@@ -950,9 +667,9 @@ def arms_of(ckpt_paths):
         fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
     return arms
 
-
-def compare(results, names, first, second):
-    """Statistics of first - second (two arms with the same number of replicates), into results."""
+def compare(results, names, first, second, samples=10_000):
+    """Statistics of first - second (two arms with the same number of replicates), into results;
+    `samples`: the paired bootstrap's resamples."""
     A, B = results["scores"][first], results["scores"][second]
     reps = len(A[names[0]]["replicate_means"])
     if reps != len(B[names[0]]["replicate_means"]):
@@ -969,67 +686,68 @@ def compare(results, names, first, second):
     results["ci95"]["average"] = mean_interval(flat)[1:]
     results["units"] = flat
     results["p_sign_flip"] = sign_flip_p(flat)
-    results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat))
+    results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat), samples)
     results["detectable_difference"] = detectable_difference(flat)
 
+def run_arm(p, arm, task_specs, task_info=None):
+    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
+    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}.
+    `task_info`: a list to append each task's description to (for the first arm)."""
+    dev, names = get_device(p), [t[0] for t in task_specs]
+    scores = {n: dict(runs=[]) for n in names}
+    for rep, ckpt in enumerate(arm):
+        model, tokenizer = load_encoder(ckpt)
+        model.to(dev)
+        for name, kind, path, frozen in task_specs:
+            task = load_task(p, name, kind, path, tokenizer, frozen)
+            if task_info is not None and rep == 0:
+                task_info.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
+                                      probe=frozen or p.probe, labels=task["labels"]))
+            # a frozen encoder's features are the same for every seed: compute them once
+            feats = probe_features(p, model, task) if frozen or p.probe else None
+            for seed in range(p.seeds):
+                t0 = time.time()
+                desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
+                r = finetune_one(p, model, task, seed, feats, desc=desc)
+                scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
+                print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
+                      f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
+    for name in names:
+        sc, runs = scores[name], scores[name]["runs"]
+        sc["mean"], sc["std"] = mean_std([r["test"]["main"] for r in runs])
+        sc["replicate_means"] = [float(np.mean([r["test"]["main"] for r in runs if r["replicate"] == k]))
+                                 for k in range(len(arm))]
+    # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
+    per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
+               for i in range(len(arm) * p.seeds)]
+    m, s = mean_std(per_run)
+    scores["average"] = dict(mean=m, std=s, per_run=per_run)
+    return scores
 
-def run(ckpt_paths, task_specs, report="results", note=""):
+def run(p, ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
-    with seeds 0..seeds-1 and write <out_dir>/<report>.md and <report>.json. task_specs: a
+    with seeds 0..p.seeds-1 and write <p.out_dir>/<report>.md and <report>.json. task_specs: a
     --tasks string, or [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put
     above the table. With two or more arms, the first is compared with the second (compare).
     -> the results dict (as in the json)."""
-    dev = get_device()
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
-            build_default_tasks()
-        task_specs = parse_tasks(task_specs)
-    protocol = dict(learning_rate=learning_rate, weight_decay=weight_decay, batch_size=batch_size, epochs=epochs,
-                    ner_epochs=ner_epochs, warmup_ratio=warmup_ratio, max_len=max_len, pooling=pooling,
-                    dropout=dropout, grad_clip=grad_clip, pos_weight=pos_weight, probe=probe, probe_lr=probe_lr,
-                    probe_epochs=probe_epochs, max_train=max_train, max_eval=max_eval)
+            build_default_tasks(p)
+        task_specs = parse_tasks(task_specs, p.tasks_dir)
     labels = ["+".join(arm) for arm in arms]
-    results = dict(checkpoints=labels, seeds=list(range(seeds)), tasks=[], scores={}, protocol=protocol)
+    results = dict(checkpoints=labels, seeds=list(range(p.seeds)), tasks=[], scores={},
+                   protocol={k: getattr(p, k) for k in REPORTED})
     if note:
         results["note"] = note
-    names = [t[0] for t in task_specs]
     for label, arm in zip(labels, arms):
-        scores = results["scores"][label] = {n: dict(runs=[]) for n in names}
-        for rep, ckpt in enumerate(arm):
-            model, tokenizer = load_encoder(ckpt)
-            model.to(dev)
-            for name, kind, path, frozen in task_specs:
-                task = load_task(name, kind, path, tokenizer, frozen)
-                if label == labels[0] and rep == 0:
-                    results["tasks"].append(dict(name=name, kind=kind, path=path, main=MAIN_METRIC[kind],
-                                                 probe=frozen or probe, labels=task["labels"]))
-                # a frozen encoder's features are the same for every seed: compute them once
-                feats = probe_features(model, task) if frozen or probe else None
-                for seed in range(seeds):
-                    t0 = time.time()
-                    desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
-                    r = finetune_one(model, task, seed, feats, desc=desc)
-                    scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
-                    print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
-                          f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
-        for name in names:
-            sc, runs = scores[name], scores[name]["runs"]
-            sc["mean"], sc["std"] = mean_std([r["test"]["main"] for r in runs])
-            sc["replicate_means"] = [float(np.mean([r["test"]["main"] for r in runs if r["replicate"] == k]))
-                                     for k in range(len(arm))]
-        # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
-        per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
-                   for i in range(len(arm) * seeds)]
-        m, s = mean_std(per_run)
-        scores["average"] = dict(mean=m, std=s, per_run=per_run)
+        results["scores"][label] = run_arm(p, arm, task_specs, results["tasks"] if label == labels[0] else None)
     if len(arms) >= 2:
-        compare(results, names, *labels[:2])
-    write_results(results, report)
+        compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
+    write_report(p, report, results, markdown(results, p.bootstrap_samples))
     return results
 
-
-def markdown(results):
+def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
     pct = lambda x: f"{100 * x:.1f}"
     tasks_ = results["tasks"]
@@ -1076,26 +794,58 @@ def markdown(results):
             lines.append(f"| {c} | " + " | ".join(accs) + " |")
     return "\n".join(lines) + "\n"
 
+def write_report(p, name, results, text):
+    """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written atomically."""
+    os.makedirs(p.out_dir, exist_ok=True)
+    detour.atomic_write(os.path.join(p.out_dir, name + ".md"), lambda f: f.write(text.encode("utf-8")))
+    detour.atomic_write(os.path.join(p.out_dir, name + ".json"),
+                        lambda f: f.write(json.dumps(results, indent=1).encode("utf-8")))
+    print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
 
-def write_results(results, name="results"):
-    write_report(name, results, markdown(results))
+def main(argv=None):
+    """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
+    -> the comparison (run) or an analysis."""
+    settings = asdict(Protocol())
+    given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, prog="finetune.py")
+    p = Protocol(**settings)
+    if p.pooling not in ("cls", "mean"):
+        fail(f"--pooling must be cls or mean, got {p.pooling!r}")
+    if p.pos_weight not in ("none", "auto") and not re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", p.pos_weight):
+        fail(f"--pos_weight must be none, auto or a number, got {p.pos_weight!r}")
+    if p.analysis not in ("", "cka", "drift", "transplant"):
+        fail(f"--analysis must be cka, drift or transplant, got {p.analysis!r}")
+    paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
+    if p.analysis == "cka":
+        return cka_divergence(p, paths)
+    if p.analysis == "drift":
+        return drift(p, paths)
+    if p.analysis == "transplant" and not p.layers:
+        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
+    if get_device(p).type == "cpu":  # the CPU default (see the Protocol): unless given explicitly
+        p = replace(p, **{k: getattr(p, "cpu_" + k) for k in CPU_DEFAULTS if k not in given})
+        print(f"CPU default: {p.epochs} epochs ({p.ner_epochs} for NER), {p.seeds} seeds, lr {p.learning_rate:g} "
+              "(paper: 10 / 20 epochs, 5 seeds, 5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
+    if p.analysis == "transplant":
+        return transplant(p, paths, p.layers, p.tasks)
+    found = [q for q in paths if all(os.path.isdir(r) for r in q.split("+") if r)]
+    if not found:
+        fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
+    for q in paths:
+        if q not in found:
+            print(f"note: {q} not found, skipped")
+    return run(p, found, p.tasks)
 
 
-def write_report(name, results, text):
-    """<out_dir>/<name>.md (the text, also printed) and <name>.json (the results)."""
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, name + ".md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out_dir, name + ".json"), "w") as f:
-        json.dump(results, f, indent=1)
-    print("\n" + text + f"\nwritten to {out_dir}/{name}.md and {name}.json")
-
-
-# ----------------------------------------------------------------------------------------
-# Why does the detour work? The paper's analysis: where the two twins' representations
-# differ (CKA), where the detour moved the weights (drift), and which layers carry the gain
-# (transplants, judged by linear probes). Layers are numbered from 0, as in --freeze_layers.
-# ----------------------------------------------------------------------------------------
+# ========================================================================================
+# Analyses: why does the detour work? The paper's analysis, built on the functions above
+# (--analysis; layers are numbered from 0, as in --freeze_layers):
+#   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
+#               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
+#   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
+#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B,
+#               saved as an HF dir and linear-probed next to A and B
+# Results: <out_dir>/<mode>.md and .json.
+# ========================================================================================
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations of the same n inputs, x (n, p)
     and y (n, q): ||Y'X||^2 / (||X'X|| ||Y'Y||), Frobenius norms, columns centered first.
@@ -1105,12 +855,11 @@ def linear_cka(x, y):
     y = np.asarray(y, np.float64) - np.mean(y, 0)
     return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
 
-
-def text_examples(tokenizer, path):
+def text_examples(p, tokenizer, path):
     """A text file (one text per line) -> examples {ids}: every line is split into sentences,
-    each encoded [CLS] sentence [SEP]; a sentence longer than max_len is cut into chunks.
+    each encoded [CLS] sentence [SEP]; a sentence longer than p.max_len is cut into chunks.
     Sentences rather than whole texts: CKA needs many more inputs than hidden dimensions."""
-    cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), max_len - 2
+    cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), p.max_len - 2
     out = []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -1121,18 +870,17 @@ def text_examples(tokenizer, path):
         fail(f"{path} holds no text")
     return out
 
-
 @torch.no_grad()
-def layer_features(model, examples):
+def layer_features(p, model, examples):
     """Every example's hidden states mean-pooled over its real tokens (padding excluded), at
     the embedding output and after each layer -> L + 1 float64 arrays (n, d). Bidirectional
     (causal=False), as the encoder is used downstream."""
-    dev = get_device()
+    dev = get_device(p)
     body = model.model.to(dev).eval()
     feats = {}
-    for idx in length_batches(examples):
+    for idx in length_batches(examples, p.batch_size):
         ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
-        with autocast(dev):
+        with autocast(p, dev):
             _, hidden = body(ids, attention_mask=mask, output_hidden_states=True)
         m = mask.unsqueeze(-1).double()
         for l, h in enumerate(hidden):
@@ -1141,30 +889,28 @@ def layer_features(model, examples):
             feats[l][idx] = ((h.double() * m).sum(1) / m.sum(1)).cpu().numpy()  # rows in input order
     return [feats[l] for l in range(len(feats))]
 
-
 def same_tokenizer(tokenizers, paths):
     if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
         fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
 
-
-def cka_divergence(paths, text_path=None):
+def cka_divergence(p, paths, text_path=None):
     """d = 1 - linear CKA between checkpoints A and B, on held-out sentences, at the embedding
     output and after every layer. With a third checkpoint C, B's seed-noise control (B's
     objective, another seed), also d(B, C) and r = d(A, B) / d(B, C): how many times larger
-    than seed noise the difference between A and B is. Writes cka.md / cka.json in out_dir."""
+    than seed noise the difference between A and B is. Writes cka.md / cka.json in p.out_dir."""
     if len(paths) not in (2, 3):
         fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
-    text_path = text_path or texts or os.path.join(pretrain_dir, "val.txt")
+    text_path = text_path or p.texts or os.path.join(p.pretrain_dir, "val.txt")
     if not os.path.exists(text_path):
         fail(f"{text_path} not found; pass --texts (one text per line) or run data/prepare.py")
     feats, tokenizers, examples = [], [], None
-    for p in paths:
-        model, tokenizer = load_encoder(p)
+    for path in paths:
+        model, tokenizer = load_encoder(path)
         tokenizers.append(tokenizer)
         same_tokenizer(tokenizers, paths)
-        examples = examples or text_examples(tokenizer, text_path)
-        print(f"cka: {p} on {len(examples)} sentences of {text_path}")
-        feats.append(layer_features(model, examples))
+        examples = examples or text_examples(p, tokenizer, text_path)
+        print(f"cka: {path} on {len(examples)} sentences of {text_path}")
+        feats.append(layer_features(p, model, examples))
     if len({len(f) for f in feats}) > 1:
         fail(f"{', '.join(paths)} differ in depth; CKA is compared layer by layer")
     names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
@@ -1177,10 +923,9 @@ def cka_divergence(paths, text_path=None):
             row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
         rows.append(row)
     results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
-                   max_len=max_len, rows=rows)
-    write_report("cka", results, cka_markdown(results))
+                   max_len=p.max_len, rows=rows)
+    write_report(p, "cka", results, cka_markdown(results))
     return results
-
 
 def cka_markdown(results):
     control = "C" in results["checkpoints"]
@@ -1191,13 +936,12 @@ def cka_markdown(results):
         if control:
             cells += [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [""] + [f"{k}: {p}" for k, p in results["checkpoints"].items()]
+    lines += [""] + [f"{k}: {path}" for k, path in results["checkpoints"].items()]
     lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
                  f"{results['n_texts']} sentences of {results['texts']}; layer i = the output of layer i.")
     if control:
         lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
     return "\n".join(lines) + "\n"
-
 
 def part_of(name):
     """A parameter name -> (part, layer): ("attn", i) for layer i's attention (Wqkv, Wo) and
@@ -1208,12 +952,10 @@ def part_of(name):
         return m.group(2), int(m.group(1))
     return ("embeddings" if name.startswith("model.embeddings.") else "head"), None
 
-
 def same_shapes(a, b, paths):
-    shapes = lambda m: {n: tuple(p.shape) for n, p in m.named_parameters()}
+    shapes = lambda m: {n: tuple(w.shape) for n, w in m.named_parameters()}
     if shapes(a) != shapes(b):
         fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
-
 
 def weight_drift(model, init):
     """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init`, for each part (see
@@ -1230,29 +972,26 @@ def weight_drift(model, init):
         s[0], s[1] = s[0] + d2, s[1] + b2
     return {k: ratio(*s) for k, s in sums.items()}, tensors
 
-
 def bar(x, top, width=24):
     """x as a bar of eighth blocks; `top` fills `width` characters."""
     eighths = round(8 * width * x / top) if top > 0 else 0
     return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
 
-
-def drift(paths):
+def drift(p, paths):
     """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
     same shape): weight_drift per layer, attention and MLP apart, plus the embeddings and the
-    head. Writes drift.md / drift.json in out_dir."""
+    head. Writes drift.md / drift.json in p.out_dir."""
     if len(paths) != 2:
         fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
-    model, init = (detour.load_hf(hf_dir(p)) for p in paths)  # weights only: no tokenizer needed
+    model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
     same_shapes(model, init, paths)
     d, tensors = weight_drift(model, init)
     results = dict(checkpoint=paths[0], init=paths[1], embeddings=d[("embeddings", None)],
                    layers=[dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
                            for i in range(model.config.num_hidden_layers)],
                    head=d[("head", None)], tensors=tensors)
-    write_report("drift", results, drift_markdown(results))
+    write_report(p, "drift", results, drift_markdown(results))
     return results
-
 
 def drift_markdown(results):
     layers = results["layers"]
@@ -1267,7 +1006,6 @@ def drift_markdown(results):
     return "\n".join(
         [f"Weight drift of {results['checkpoint']} from {results['init']}: ||W - W0|| / ||W0|| per part "
          "(attention = Wqkv, Wo, attn_norm; MLP = Wi, Wo, mlp_norm).", "", "```", *chart, "```", "", *table]) + "\n"
-
 
 def group_names(model, spec):
     """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
@@ -1284,7 +1022,6 @@ def group_names(model, spec):
              f"(the model has {model.config.num_hidden_layers}, from 0)")
     return [n for n in names if part_of(n)[1] in chosen]
 
-
 def transplant_model(donor, recipient, spec):
     """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
     hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
@@ -1294,60 +1031,21 @@ def transplant_model(donor, recipient, spec):
             params[name].copy_(source[name])
     return hybrid
 
-
-def transplant(paths, spec, task_specs):
+def transplant(p, paths, spec, task_specs):
     """The hybrid of checkpoints A, B: layer group `spec` from A, everything else from B. It is
-    saved as an HF dir (<out_dir>/transplant-<spec>/) and linear-probed on the tasks next to A
+    saved as an HF dir (<p.out_dir>/transplant-<spec>/) and linear-probed on the tasks next to A
     and B: a probe keeps the encoder frozen, where fine-tuning would retrain the transplanted
-    layers and blur what they carry. Writes transplant-<spec>.md / .json in out_dir."""
+    layers and blur what they carry. Writes transplant-<spec>.md / .json in p.out_dir."""
     if len(paths) != 2:
         fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
     (a, tok_a), (b, tok_b) = load_encoder(paths[0]), load_encoder(paths[1])
     same_tokenizer([tok_a, tok_b], paths)
     same_shapes(a, b, paths)
     name = "transplant-" + spec.replace(",", "_")
-    hybrid_dir = os.path.join(out_dir, name)
+    hybrid_dir = os.path.join(p.out_dir, name)
     detour.save_hf(transplant_model(a, b, spec), hybrid_dir, os.path.join(hf_dir(paths[1]), "tokenizer.json"))
-    global probe
-    saved, probe = probe, True
-    try:
-        return run([paths[0], hybrid_dir, paths[1]], task_specs, report=name,
-                   note=f"{hybrid_dir}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
-    finally:
-        probe = saved
-
-
-def main(argv=None):
-    changed = detour.apply_overrides(globals(), sys.argv[1:] if argv is None else argv, prog="finetune.py")
-    if pooling not in ("cls", "mean"):
-        fail(f"--pooling must be cls or mean, got {pooling!r}")
-    if pos_weight not in ("none", "auto") and not re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", pos_weight):
-        fail(f"--pos_weight must be none, auto or a number, got {pos_weight!r}")
-    if analysis not in ("", "cka", "drift", "transplant"):
-        fail(f"--analysis must be cka, drift or transplant, got {analysis!r}")
-    paths = [p.strip() for p in ckpts.split(",") if p.strip()]  # "A1+A2": replicates of one arm
-    if analysis == "cka":
-        return cka_divergence(paths)
-    if analysis == "drift":
-        return drift(paths)
-    if analysis == "transplant" and not layers:
-        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
-    if get_device().type == "cpu":  # the CPU default (see the constants): unless given explicitly
-        g = globals()
-        for key in ("epochs", "ner_epochs", "seeds", "learning_rate"):
-            if key not in changed:
-                g[key] = g["cpu_" + key]
-        print(f"CPU default: {epochs} epochs ({ner_epochs} for NER), {seeds} seeds, lr {learning_rate:g} (paper: "
-              "10 / 20 epochs, 5 seeds, 5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
-    if analysis == "transplant":
-        return transplant(paths, layers, tasks)
-    found = [p for p in paths if all(os.path.isdir(q) for q in p.split("+") if q)]
-    if not found:
-        fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
-    for p in paths:
-        if p not in found:
-            print(f"note: {p} not found, skipped")
-    run(found, tasks)
+    return run(replace(p, probe=True), [paths[0], hybrid_dir, paths[1]], task_specs, report=name,
+               note=f"{hybrid_dir}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ import json
 import math
 import os
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import detour
 import finetune as ft
-from test_finetune import WORDS, fast, make_ckpt, make_task_dir, one_thread, write  # noqa: F401 (fixtures)
+from test_finetune import FAST, WORDS, fast, make_ckpt, make_task_dir, one_thread, write  # noqa: F401 (fixtures)
 
 
 def make_texts(path, n_lines=40, seed=0):
@@ -58,20 +59,20 @@ def test_cka_by_hand():
     assert ft.linear_cka(y, x) == pytest.approx(ft.linear_cka(x, y), abs=1e-12)  # symmetric
 
 
-def test_sentences_chunks_and_padding(tmp_path, fast, monkeypatch):
+def test_sentences_chunks_and_padding(tmp_path, fast):
     path, tok = make_ckpt(tmp_path / "m")
     t = write(tmp_path / "t.txt", "the patient took aspirin . was given warfarin daily .\n\n"
                                   + " ".join(["metformin"] * 40) + "\n")
-    monkeypatch.setattr(ft, "max_len", 24)
-    ex = ft.text_examples(tok, t)
+    p = replace(fast, max_len=24)
+    ex = ft.text_examples(p, tok, t)
     long = tok.encode(" ".join(["metformin"] * 40), add_special_tokens=False).ids
     assert ex[0]["ids"] == [2] + tok.encode("the patient took aspirin .", add_special_tokens=False).ids + [3]
     assert len(ex) == 2 + math.ceil(len(long) / 22) > 3 and all(len(e["ids"]) <= 24 for e in ex)
     assert [i for e in ex[2:] for i in e["ids"][1:-1]] == long  # the chunks cover the long text
     # pooling excludes padding: an example alone and padded in a batch pool the same
     model, _ = ft.load_encoder(path)
-    alone = ft.layer_features(model, ex[:1])
-    batched = ft.layer_features(model, ex)
+    alone = ft.layer_features(p, model, ex[:1])
+    batched = ft.layer_features(p, model, ex)
     assert len(alone) == 3 and alone[0].shape == (1, 32) and batched[0].shape == (len(ex), 32)
     for a, b in zip(alone, batched):
         assert a.dtype == np.float64 and np.allclose(a[0], b[0], atol=1e-5)
@@ -80,15 +81,15 @@ def test_sentences_chunks_and_padding(tmp_path, fast, monkeypatch):
 # ----------------------------------------------------------------------------------------
 # the three modes
 # ----------------------------------------------------------------------------------------
-def test_cka_divergence_table(tmp_path, fast, monkeypatch):
-    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "out"))
+def test_cka_divergence_table(tmp_path, fast):
+    p = replace(fast, out_dir=str(tmp_path / "out"))
     a, _ = make_ckpt(tmp_path / "a", seed=0)
     b, _ = make_ckpt(tmp_path / "b", seed=1)
     t = make_texts(tmp_path / "texts.txt")
-    same = ft.cka_divergence([a, a], t)
+    same = ft.cka_divergence(p, [a, a], t)
     assert [r["layer"] for r in same["rows"]] == ["embeddings", "layer 0", "layer 1"]
     assert all(r["d_ab"] == pytest.approx(0.0, abs=1e-9) for r in same["rows"]) and "r" not in same["rows"][0]
-    res = ft.cka_divergence([a, b, a], t)  # C = A: the "seed noise" d(B, C) is d(A, B), r = 1
+    res = ft.cka_divergence(p, [a, b, a], t)  # C = A: the "seed noise" d(B, C) is d(A, B), r = 1
     assert res["n_texts"] == 80 and res["checkpoints"] == dict(A=a, B=b, C=a)
     for r in res["rows"]:
         assert 0 < r["d_ab"] <= 1 and r["d_bc"] == pytest.approx(r["d_ab"]) and r["r"] == pytest.approx(1.0)
@@ -97,8 +98,8 @@ def test_cka_divergence_table(tmp_path, fast, monkeypatch):
     assert saved["rows"] == res["rows"] and "| layer 1 |" in md and "r = d(A, B) / d(B, C)" in md
 
 
-def test_drift_is_zero_except_where_perturbed(tmp_path, monkeypatch):
-    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "out"))
+def test_drift_is_zero_except_where_perturbed(tmp_path):
+    proto = ft.Protocol(out_dir=str(tmp_path / "out"))
     a, _ = make_ckpt(tmp_path / "a", seed=0)
     model = detour.load_hf(a)
     parts, tensors = ft.weight_drift(model, model)
@@ -110,7 +111,7 @@ def test_drift_is_zero_except_where_perturbed(tmp_path, monkeypatch):
         for p in [*layer.mlp.parameters(), layer.mlp_norm.weight]:
             p.mul_(1.5)  # every MLP tensor of layer 1 grows by half: drift exactly 0.5
     detour.save_hf(moved, str(tmp_path / "moved"))
-    res = ft.drift([str(tmp_path / "moved"), a])
+    res = ft.drift(proto, [str(tmp_path / "moved"), a])
     assert res["layers"][1]["mlp"] == pytest.approx(0.5)
     assert res["tensors"]["model.layers.1.mlp_norm.weight"] == pytest.approx(0.5)
     assert res["embeddings"] == res["head"] == res["layers"][0]["attn"] == res["layers"][0]["mlp"] == 0
@@ -119,7 +120,7 @@ def test_drift_is_zero_except_where_perturbed(tmp_path, monkeypatch):
     assert "layer  1 attn 0.0000" in md and "mlp 0.5000 " + "█" * 24 in md
     assert ft.bar(0.5, 1.0, width=4) == "██  " and ft.bar(1 / 8, 1.0, width=4) == "▌   "
     with pytest.raises(SystemExit, match="same architecture"):
-        ft.drift([a, str(_wider(tmp_path / "wide"))])
+        ft.drift(proto, [a, str(_wider(tmp_path / "wide"))])
 
 
 def _wider(directory):
@@ -150,14 +151,14 @@ def test_transplant_takes_exactly_the_group(tmp_path):
             ft.group_names(recipient, bad)
 
 
-def test_cli_modes_end_to_end(tmp_path, fast, monkeypatch):
-    for k in ("analysis", "ckpts", "texts", "layers", "tasks", "out_dir", "epochs", "ner_epochs", "seeds", "probe"):
-        monkeypatch.setattr(ft, k, getattr(ft, k))  # main() sets them: restored afterwards
+def test_cli_modes_end_to_end(tmp_path):
     a, _ = make_ckpt(tmp_path / "a", seed=0)
     b, _ = make_ckpt(tmp_path / "b" / "hf", seed=1)  # a detour out_dir: b/hf
     b = str(tmp_path / "b")
     out = str(tmp_path / "out")
-    common = ["--ckpts", f"{a},{b}", "--out_dir", out]
+    # the fast settings, except those the CPU default decides when they are not given
+    quick = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
+    common = ["--ckpts", f"{a},{b}", "--out_dir", out, *quick]
     ft.main(["--analysis", "cka", "--texts", make_texts(tmp_path / "t.txt"), *common])
     ft.main(["--analysis", "drift", *common])
     task = make_task_dir(tmp_path / "c", "cls", n=(16, 8, 8))
@@ -166,7 +167,8 @@ def test_cli_modes_end_to_end(tmp_path, fast, monkeypatch):
     for name in ("cka", "drift", "transplant-0-0"):
         assert os.path.exists(os.path.join(out, name + ".md")) and os.path.exists(os.path.join(out, name + ".json"))
     hybrid = os.path.join(out, "transplant-0-0")
-    assert res["checkpoints"] == [a, hybrid, b] and ft.probe is False  # probed, then restored
+    # probed through a copy of the protocol: nothing global is set, so nothing needs restoring
+    assert res["checkpoints"] == [a, hybrid, b] and res["protocol"]["probe"] is True and ft.Protocol().probe is False
     assert all(r["probe"] for r in res["tasks"]) and "layers 0-0 from" in open(hybrid + ".md").read()
     model, tok = ft.load_encoder(hybrid)  # the hybrid is an HF dir with the tokenizer
     pa, pb = params(a), params(b)

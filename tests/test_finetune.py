@@ -2,6 +2,7 @@
 import json
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import detour
 import finetune as ft
+import tasks
+import world
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as the tiny configs expect
 WORDS = ["the", "patient", "took", "aspirin", "metformin", "for", "diabetes", "asthma", "daily",
@@ -84,12 +87,14 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+FAST = dict(progress=False, batch_size=8, epochs=2, ner_epochs=2, probe_epochs=3, seeds=2,
+            learning_rate=1e-3, probe_lr=1e-2, max_len=64, bootstrap_samples=2000)
+
+
 @pytest.fixture
-def fast(monkeypatch):
-    """Short, quiet protocol settings for the tests (restored afterwards)."""
-    for k, v in dict(progress=False, batch_size=8, epochs=2, ner_epochs=2, probe_epochs=3, seeds=2,
-                     learning_rate=1e-3, probe_lr=1e-2, max_len=64, bootstrap_samples=2000).items():
-        monkeypatch.setattr(ft, k, v)
+def fast():
+    """A protocol with short, quiet settings for the tests."""
+    return ft.Protocol(**FAST)
 
 
 # ----------------------------------------------------------------------------------------
@@ -179,35 +184,35 @@ def test_t_quantile_and_interval():
 # ----------------------------------------------------------------------------------------
 def test_read_conll(tmp_path):
     p = write(tmp_path / "train.tsv", "-DOCSTART- O\n\nAspirin\tB-DRUG\n5 B-DOSE\nmg I-DOSE\n\n\nok\tO\n")
-    sents = ft.read_conll(p)
+    sents = tasks.read_conll(p)
     assert [s["words"] for s in sents] == [["Aspirin", "5", "mg"], ["ok"]]
     assert sents[0]["tags"] == ["B-DRUG", "B-DOSE", "I-DOSE"] and sents[1]["lines"] == [8]
     bad = write(tmp_path / "bad.tsv", "a\tO\nlonely\n")
     with pytest.raises(SystemExit, match=f"{bad}:2"):
-        ft.read_conll(bad)
+        tasks.read_conll(bad)
     with pytest.raises(SystemExit, match="empty"):
-        ft.read_conll(write(tmp_path / "empty.tsv", "\n\n"))
+        tasks.read_conll(write(tmp_path / "empty.tsv", "\n\n"))
 
 
 def test_read_jsonl_and_tsv(tmp_path):
     p = write(tmp_path / "a.jsonl", jsonl([dict(text="x", label="pos"), dict(text_a="q", text_b="h", label=1)]))
-    rows = ft.read_jsonl(p, "cls")
+    rows = tasks.read_jsonl(p, "cls")
     assert (rows[0]["text"], rows[0]["label"], rows[1]["text_b"], rows[1]["label"]) == ("x", "pos", "h", "1")
     for body, msg in (('{"text": "x", "label": "a"}\n{oops\n', "not valid JSON"),
                       ('{"label": "a"}\n', "missing field `text`"),
                       ('{"text": "x"}\n', "missing field `label`")):
         bad = write(tmp_path / "bad.jsonl", body)
         with pytest.raises(SystemExit, match=f"bad.jsonl:{body.count(chr(10))}: {msg}"):
-            ft.read_jsonl(bad, "cls")
+            tasks.read_jsonl(bad, "cls")
     with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a number"):
-        ft.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
+        tasks.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
     with pytest.raises(SystemExit, match="empty"):
-        ft.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
+        tasks.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
     # TSV with a header (GAD / HoC layouts)
     t = write(tmp_path / "t.tsv", "index\tsentence\tlabel\n0\tsome text\t1\n")
-    assert ft.read_tsv(t, "cls")[0]["label"] == "1"
+    assert tasks.read_tsv(t, "cls")[0]["label"] == "1"
     h = write(tmp_path / "h.tsv", "labels\tsentence\tindex\n0_1,1_0,2_1\tsome text\tx\n")
-    assert ft.read_tsv(h, "multilabel")[0]["label"] == ["0", "2"]
+    assert tasks.read_tsv(h, "multilabel")[0]["label"] == ["0", "2"]
 
 
 def test_unknown_label_and_missing_split(tmp_path):
@@ -216,35 +221,35 @@ def test_unknown_label_and_missing_split(tmp_path):
     write(d / "train.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="y")]))
     write(d / "dev.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="z")]))
     with pytest.raises(SystemExit, match="no test split"):
-        ft.load_task("t", "cls", str(d), tok)
+        ft.load_task(ft.Protocol(), "t", "cls", str(d), tok)
     write(d / "test.jsonl", jsonl([dict(text="a", label="x")]))
     with pytest.raises(SystemExit, match=r"dev.jsonl:2: label 'z' does not occur in the training split"):
-        ft.load_task("t", "cls", str(d), tok)
+        ft.load_task(ft.Protocol(), "t", "cls", str(d), tok)
     n = tmp_path / "ner"
     write(n / "train.tsv", "a\tB-X\nb\tO\n")
     write(n / "devel.tsv", "a\tB-X\n\nb\tB-Y\n")
     write(n / "test.tsv", "a\tO\n")
     with pytest.raises(SystemExit, match=r"devel.tsv:3: tag 'B-Y'"):
-        ft.load_task("n", "ner", str(n), tok)
+        ft.load_task(ft.Protocol(), "n", "ner", str(n), tok)
 
 
 def test_parse_tasks():
-    assert ft.parse_tasks("chem=ner:a/b,gad=cls+probe:c") == [("chem", "ner", "a/b", False),
+    assert ft.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False),
                                                               ("gad", "cls", "c", True)]
-    assert [t[0] for t in ft.parse_tasks("default")] == ["ner", "notes", "needle"]
+    assert [t[0] for t in ft.parse_tasks("default", "data/tasks")] == ["ner", "notes", "needle"]
     for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
-        with pytest.raises(SystemExit, match="finetune.py:"):
-            ft.parse_tasks(bad)
+        with pytest.raises(SystemExit, match="error:"):
+            ft.parse_tasks(bad, "data/tasks")
 
 
 # ----------------------------------------------------------------------------------------
 # encoding
 # ----------------------------------------------------------------------------------------
-def test_first_subtoken_alignment(tmp_path, monkeypatch):
-    tok = make_tokenizer(tmp_path / "tok.json")
+def test_first_subtoken_alignment(tmp_path):
+    tok, proto = make_tokenizer(tmp_path / "tok.json"), ft.Protocol()
     words = ["the", "patient", "took", "metformin", "for", "diabetes"]
     tags = [0, 0, 0, 7, 0, 8]
-    ids, target, mapped, cut = ft.encode_words(tok, words, tags)
+    ids, target, mapped, cut = ft.encode_words(proto, tok, words, tags)
     pieces = [tok.encode(w, add_special_tokens=False).ids for w in words]
     assert max(len(p) for p in pieces) > 1, "the test tokenizer should split some words"
     assert ids == [2] + [i for p in pieces for i in p] + [3]
@@ -253,17 +258,17 @@ def test_first_subtoken_alignment(tmp_path, monkeypatch):
         want += [t] + [ft.IGNORE] * (len(p) - 1)  # the first sub-token carries the word's tag
     assert target == want + [ft.IGNORE] and mapped == [True] * 6 and not cut
     # truncation: words past max_len get no token and are predicted O
-    monkeypatch.setattr(ft, "max_len", 2 + len(pieces[0]) + len(pieces[1]))
-    ids, target, mapped, cut = ft.encode_words(tok, words, tags)
-    assert cut and mapped == [True, True, False, False, False, False] and len(ids) == ft.max_len
+    proto = replace(proto, max_len=2 + len(pieces[0]) + len(pieces[1]))
+    ids, target, mapped, cut = ft.encode_words(proto, tok, words, tags)
+    assert cut and mapped == [True, True, False, False, False, False] and len(ids) == proto.max_len
 
 
-def test_encode_pairs_truncate_the_haystack(tmp_path, monkeypatch):
+def test_encode_pairs_truncate_the_haystack(tmp_path):
     tok = make_tokenizer(tmp_path / "tok.json")
     a = tok.encode("the patient", add_special_tokens=False).ids
-    monkeypatch.setattr(ft, "max_len", len(a) + 5)  # room for the query and 2 haystack tokens
-    ids, cut = ft.encode(tok, "the patient", "the the the the the the the")
-    assert cut and len(ids) == ft.max_len and ids[:len(a) + 2] == [2] + a + [3] and ids[-1] == 3
+    p = ft.Protocol(max_len=len(a) + 5)  # room for the query and 2 haystack tokens
+    ids, cut = ft.encode(p, tok, "the patient", "the the the the the the the")
+    assert cut and len(ids) == p.max_len and ids[:len(a) + 2] == [2] + a + [3] and ids[-1] == 3
 
 
 # ----------------------------------------------------------------------------------------
@@ -285,51 +290,50 @@ def test_load_encoder_checks(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["cls", "multilabel", "regression", "ner"])
-def test_each_head_trains(kind, tmp_path, fast, monkeypatch):
-    monkeypatch.setattr(ft, "epochs", 3)
-    monkeypatch.setattr(ft, "ner_epochs", 3)
+def test_each_head_trains(kind, tmp_path, fast):
+    p = replace(fast, epochs=3, ner_epochs=3)
     path, _ = make_ckpt(tmp_path / "m")
     model, tok = ft.load_encoder(path)
-    task = ft.load_task(kind, kind, make_task_dir(tmp_path / kind, kind), tok)
+    task = ft.load_task(p, kind, kind, make_task_dir(tmp_path / kind, kind), tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    r = ft.finetune_one(model, task, seed=0)
+    r = ft.finetune_one(p, model, task, seed=0)
     assert r["losses"][-1] < r["losses"][0]
     assert set(r) == {"dev", "test", "epoch", "losses"} and 1 <= r["epoch"] <= 3
     assert kind == "regression" or 0 <= r["test"]["main"] <= 1  # Pearson may be negative
-    assert r["test"]["main"] == r["test"][ft.MAIN_METRIC[kind]]
+    assert r["test"]["main"] == r["test"][ft.KINDS[kind].main]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # a copy was trained
     if kind == "cls":
-        assert ft.finetune_one(model, task, seed=0)["test"] == r["test"]          # same seed, same run
+        assert ft.finetune_one(p, model, task, seed=0)["test"] == r["test"]          # same seed, same run
 
 
-def test_probe_trains_only_the_head(tmp_path, fast, monkeypatch):
-    monkeypatch.setattr(ft, "probe_epochs", 4)
+def test_probe_trains_only_the_head(tmp_path, fast):
+    p = replace(fast, probe_epochs=4)
     path, _ = make_ckpt(tmp_path / "m")
     model, tok = ft.load_encoder(path)
-    task = ft.load_task("c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
+    task = ft.load_task(p, "c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    feats = ft.probe_features(model, task)
+    feats = ft.probe_features(p, model, task)
     assert len(feats["train"]) == len(task["train"]) and feats["train"][0].shape == (32,)
-    r = ft.finetune_one(model, task, seed=1, feats=feats)
+    r = ft.finetune_one(p, model, task, seed=1, feats=feats)
     assert r["losses"][-1] < r["losses"][0]
     assert set(r["test"]["groups"]) == {"second", "first"}
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    ner = ft.load_task("n", "ner", make_task_dir(tmp_path / "n", "ner"), tok, frozen=True)
-    r = ft.finetune_one(model, ner, seed=0)
+    ner = ft.load_task(p, "n", "ner", make_task_dir(tmp_path / "n", "ner"), tok, frozen=True)
+    r = ft.finetune_one(p, model, ner, seed=0)
     assert r["losses"][-1] < r["losses"][0] and 0 <= r["test"]["f1"] <= 1
 
 
 # ----------------------------------------------------------------------------------------
 # the comparison, end to end
 # ----------------------------------------------------------------------------------------
-def test_two_checkpoints_end_to_end(tmp_path, fast, monkeypatch):
-    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "results"))
+def test_two_checkpoints_end_to_end(tmp_path, fast):
+    p = replace(fast, out_dir=str(tmp_path / "results"))
     a, _ = make_ckpt(tmp_path / "clm", seed=0)
     b, _ = make_ckpt(tmp_path / "mlm", seed=1)
     spec = (f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))},"
             f"ents=ner:{make_task_dir(tmp_path / 'n', 'ner', n=(16, 8, 8))},"
             f"pairs=regression+probe:{make_task_dir(tmp_path / 'r', 'regression', n=(16, 8, 8))}")
-    results = ft.run([a, b], spec)
+    results = ft.run(p, [a, b], spec)
     md = open(tmp_path / "results" / "results.md").read()
     saved = json.load(open(tmp_path / "results" / "results.json"))
     assert "| difference (first − second arm) [95% CI] |" in md and "sign-flip p = " in md and "drugs: test accuracy by group" in md
@@ -342,13 +346,13 @@ def test_two_checkpoints_end_to_end(tmp_path, fast, monkeypatch):
     assert d == pytest.approx(results["scores"][a]["drugs"]["mean"] - results["scores"][b]["drugs"]["mean"])
 
 
-def test_replicates_are_the_unit_of_the_test(tmp_path, fast, monkeypatch):
+def test_replicates_are_the_unit_of_the_test(tmp_path, fast):
     """--ckpts A1+A2,B1+B2: each arm's replicates are fine-tuned alike; the test's units are the
     (task x replicate) seed-averaged differences, so 1 task x 2 replicates -> 2 units."""
-    monkeypatch.setattr(ft, "out_dir", str(tmp_path / "results"))
+    p = replace(fast, out_dir=str(tmp_path / "results"))
     a1, a2, b1, b2 = (make_ckpt(tmp_path / n, seed=s)[0] for n, s in (("a1", 0), ("a2", 1), ("b1", 2), ("b2", 3)))
     spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
-    res = ft.run([f"{a1}+{a2}", f"{b1}+{b2}"], spec)
+    res = ft.run(p, [f"{a1}+{a2}", f"{b1}+{b2}"], spec)
     A, B = res["scores"][f"{a1}+{a2}"]["drugs"], res["scores"][f"{b1}+{b2}"]["drugs"]
     assert [(r["replicate"], r["seed"]) for r in A["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     want = [x - y for x, y in zip(A["replicate_means"], B["replicate_means"])]
@@ -360,7 +364,7 @@ def test_replicates_are_the_unit_of_the_test(tmp_path, fast, monkeypatch):
     assert f"| · replicate 2: {b2} |" in md                 # each replicate's seed-averaged row
 
 
-def hf_task_pair(tmp_path, hf_class, **kw):
+def hf_task_pair(tmp_path, hf_class, pooling="mean", **kw):
     """Our TaskModel and transformers' task model from one HF directory, same classifier."""
     transformers = pytest.importorskip("transformers")
     path, _ = make_ckpt(tmp_path / "ck", seed=3)
@@ -371,7 +375,8 @@ def hf_task_pair(tmp_path, hf_class, **kw):
                 p.add_(0.1 * torch.randn_like(p))
     detour.save_hf(ours, path)
     ref = getattr(transformers, hf_class).from_pretrained(path, num_labels=5, attn_implementation="sdpa", **kw)
-    tm = ft.TaskModel(detour.load_hf(path), 5, per_token=hf_class.endswith("TokenClassification"))
+    tm = ft.TaskModel(detour.load_hf(path), 5, per_token=hf_class.endswith("TokenClassification"),
+                      pooling=pooling, dropout=0.0)
     tm.classifier.load_state_dict(ref.classifier.state_dict())
     ids = torch.randint(5, 96, (3, 21), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
@@ -390,36 +395,34 @@ def test_token_logits_equal_ModernBertForTokenClassification(tmp_path):
 
 
 @pytest.mark.parametrize("pool", ["mean", "cls"])
-def test_sequence_logits_equal_ModernBertForSequenceClassification(pool, tmp_path, monkeypatch):
-    monkeypatch.setattr(ft, "pooling", pool)
-    tm, ref, ids, mask = hf_task_pair(tmp_path, "ModernBertForSequenceClassification", classifier_pooling=pool)
+def test_sequence_logits_equal_ModernBertForSequenceClassification(pool, tmp_path):
+    tm, ref, ids, mask = hf_task_pair(tmp_path, "ModernBertForSequenceClassification", pooling=pool,
+                                      classifier_pooling=pool)
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask).logits
         got = tm(tm.features(ids, mask))
     assert (got - want).abs().max().item() < 1e-4
 
 
-def test_default_tasks_are_built_and_read_back(tmp_path, monkeypatch):
-    for k, v in dict(tasks_dir=str(tmp_path / "tasks"), pretrain_dir=str(tmp_path / "pre"), ner_sizes="6,3,3",
-                     notes_sizes="4,2,2", needle_per_cell="2,2,2", needle_lengths="20,40").items():
-        monkeypatch.setattr(ft, k, v)
+def test_default_tasks_are_built_and_read_back(tmp_path):
+    p = ft.Protocol(tasks_dir=str(tmp_path / "tasks"), pretrain_dir=str(tmp_path / "pre"), ner_sizes="6,3,3",
+                    notes_sizes="4,2,2", needle_per_cell="2,2,2", needle_lengths="20,40")
     # a sentence the "pretraining corpus" holds must not become a task example
-    world = ft._world()
-    words, _ = world.sentence(random.Random(ft.task_seed * 10))
+    words, _ = world.sentence(random.Random(p.task_seed * 10))
     write(tmp_path / "pre" / "val.txt", "Some document . " + " ".join(words) + " More text .\n")
-    assert ft.pretraining_text().startswith("Some document")
+    assert tasks.pretraining_text(p.pretrain_dir).startswith("Some document")
     write(tmp_path / "pre" / "meta.json", json.dumps(dict(source="generated:world.corpus(3, 7)")))
-    assert world.corpus(3, 7)[2] in ft.pretraining_text()  # generated corpora are regenerated
-    root = ft.build_default_tasks()
+    assert world.corpus(3, 7)[2] in tasks.pretraining_text(p.pretrain_dir)  # generated corpora are regenerated
+    root = ft.build_default_tasks(p)
     ner = os.path.join(root, "ner")
     mtime = os.path.getmtime(os.path.join(ner, "train.tsv"))
-    assert ft.build_default_tasks() == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
-    sents = [s for split in ("train", "dev", "test") for s in ft.read_conll(os.path.join(ner, f"{split}.tsv"))]
+    assert ft.build_default_tasks(p) == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
+    sents = [s for split in ("train", "dev", "test") for s in tasks.read_conll(os.path.join(ner, f"{split}.tsv"))]
     texts = [" ".join(s["words"]) for s in sents]
     assert len(sents) == 12 and len(set(texts)) == 12 and " ".join(words) not in texts
-    notes = ft.read_jsonl(os.path.join(root, "notes", "train.jsonl"), "cls")
+    notes = tasks.read_jsonl(os.path.join(root, "notes", "train.jsonl"), "cls")
     assert len(notes) == 4 and all(n["label"] in world.NOTE_TYPES for n in notes)
-    needle = ft.read_jsonl(os.path.join(root, "needle", "test.jsonl"), "cls")
+    needle = tasks.read_jsonl(os.path.join(root, "needle", "test.jsonl"), "cls")
     assert len(needle) == 2 * 3 * 2 and {n["label"] for n in needle} == {"present", "absent"}
     for n in needle:
         assert (n["text"] in n["text_b"]) == (n["label"] == "present")
@@ -428,23 +431,20 @@ def test_default_tasks_are_built_and_read_back(tmp_path, monkeypatch):
     assert start["text_b"].startswith(start["text"])
 
 
-def test_main_errors(monkeypatch, tmp_path):
-    for k in ("ckpts", "epochs", "ner_epochs", "seeds"):
-        monkeypatch.setattr(ft, k, getattr(ft, k))
+def test_main_errors(tmp_path):
     with pytest.raises(SystemExit, match="unknown option --nope"):
         ft.main(["--nope", "1"])
     with pytest.raises(SystemExit, match="no checkpoint found"):
         ft.main(["--ckpts", str(tmp_path / "a") + "," + str(tmp_path / "b")])
 
 
-def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path, monkeypatch):
+def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path):
     path, _ = make_ckpt(tmp_path / "m")
     _, tok = ft.load_encoder(path)
     d = make_task_dir(tmp_path / "ner", "ner", n=(24, 8, 8))
-    full = ft.load_task("ner", "ner", d, tok)
-    monkeypatch.setattr(ft, "max_train", 10)
-    monkeypatch.setattr(ft, "max_eval", 5)
-    a, b = ft.load_task("ner", "ner", d, tok), ft.load_task("ner", "ner", d, tok)
+    full = ft.load_task(ft.Protocol(), "ner", "ner", d, tok)
+    p = ft.Protocol(max_train=10, max_eval=5)
+    a, b = ft.load_task(p, "ner", "ner", d, tok), ft.load_task(p, "ner", "ner", d, tok)
     assert (len(a["train"]), len(a["dev"]), len(a["test"])) == (10, 5, 5)
     assert [x["ids"] for x in a["train"]] == [x["ids"] for x in b["train"]]      # the same subset each time
     assert all(x["ids"] in [y["ids"] for y in full["train"]] for x in a["train"])

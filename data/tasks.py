@@ -1,0 +1,296 @@
+"""Task files: reading them (finetune.py's task format), and the embedded default tasks.
+
+A task is a directory with train/dev/test files, read into plain dicts; every example keeps
+its file line, so errors point at it:
+  ner         CoNLL: `token<TAB or space>tag` per line, blank line between sentences
+              (train|dev|devel|test).(tsv|txt|conll|iob)
+  the others  JSONL (train|dev|devel|test).jsonl or TSV with a header (see read_tsv)
+
+The default tasks are built from world.py with seeds other than the pretraining corpus's
+(1234) and written once as such files:
+  ner     drug / disease / dose / gene spans in templated sentences (CoNLL)
+  notes   which of the note types a clinical note is (JSONL)
+  needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
+          text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
+An example whose text occurs verbatim in the pretraining text is dropped (and counted).
+Used by finetune.py, which puts data/ and the repository root on the path.
+"""
+import json
+import os
+import random
+import re
+
+import world
+from detour import atomic_write, fail
+
+SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
+
+
+# ----------------------------------------------------------------------------------------
+# Readers. How each kind's label is read: (from JSON, from a TSV cell, its form for errors);
+# a reader returns None for a malformed label. ner has tags, read from CoNLL files.
+# ----------------------------------------------------------------------------------------
+def _tsv_number(cell):
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _tsv_labels(cell):
+    """Comma-separated labels; items written name_0/name_1 (HoC's form) mean absent/present."""
+    items = [x.strip() for x in cell.split(",") if x.strip()]
+    if items and all(x[-2:] in ("_0", "_1") for x in items):
+        items = [x[:-2] for x in items if x.endswith("_1")]
+    return items
+
+
+LABELS = {
+    "cls": (lambda v: str(v) if isinstance(v, (str, int, bool)) else None, lambda cell: cell, "a string"),
+    "multilabel": (lambda v: [str(x) for x in v] if isinstance(v, list) and all(isinstance(x, (str, int)) for x in v)
+                   else None, _tsv_labels, "a list of strings"),
+    "regression": (lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
+                   _tsv_number, "a number"),
+}
+
+
+def find_split(directory, split, exts):
+    if not os.path.isdir(directory):
+        fail(f"task directory {directory} not found")
+    for name in SPLIT_NAMES[split]:
+        for ext in exts:
+            p = os.path.join(directory, name + ext)
+            if os.path.exists(p):
+                return p
+    names = ", ".join(n + e for n in SPLIT_NAMES[split] for e in exts)
+    fail(f"no {split} split in {directory} (looked for {names})")
+
+
+def read_conll(path):
+    """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
+    sents, cur = [], dict(words=[], tags=[], lines=[])
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("-DOCSTART-"):
+                if cur["words"]:
+                    sents.append(cur)
+                cur = dict(words=[], tags=[], lines=[])
+                continue
+            parts = line.split()
+            if len(parts) < 2:
+                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
+            cur["words"].append(parts[0])
+            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
+            cur["lines"].append(n)
+    if cur["words"]:
+        sents.append(cur)
+    if not sents:
+        fail(f"{path} is empty")
+    return sents
+
+
+def read_jsonl(path, kind):
+    """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as LABELS[kind] reads it."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                d = json.loads(raw)
+            except json.JSONDecodeError as e:
+                fail(f"{where}: not valid JSON ({e.msg})")
+            if not isinstance(d, dict):
+                fail(f"{where}: expected a JSON object")
+            if "text" in d:
+                text, text_b = d["text"], None
+            elif "text_a" in d and "text_b" in d:
+                text, text_b = d["text_a"], d["text_b"]
+            else:
+                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
+            if "label" not in d:
+                fail(f"{where}: missing field `label`")
+            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
+                fail(f"{where}: text fields must be strings")
+            label = LABELS[kind][0](d["label"])
+            if label is None:
+                fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, got {d['label']!r}")
+            groups = d.get("group", [])
+            out.append(dict(text=text, text_b=text_b, label=label,
+                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
+    if not out:
+        fail(f"{path} is empty")
+    return out
+
+
+def read_tsv(path, kind):
+    """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
+    `text_b`/`sentence2`), label in `label` or `labels` (multilabel: comma-separated)."""
+    with open(path, encoding="utf-8") as f:
+        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
+    if len(rows) < 2:
+        fail(f"{path} is empty (a header and at least one row are needed)")
+    header = rows[0][1]
+    col = lambda *names: next((header.index(x) for x in names if x in header), None)
+    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
+    lab = col("label", "labels", "score")
+    if t is None or lab is None:
+        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
+    out = []
+    for n, cells in rows[1:]:
+        where = f"{path}:{n}"
+        if len(cells) != len(header):
+            fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
+        label = LABELS[kind][1](cells[lab])
+        if label is None:
+            fail(f"{where}: label should be {LABELS[kind][2]}, got {cells[lab]!r}")
+        out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
+                        label=label, groups=[], line=n))
+    return out
+
+
+def read_split(directory, split, kind):
+    """-> (file, examples): CoNLL for ner (token tags), else JSONL or TSV."""
+    if kind not in LABELS:
+        path = find_split(directory, split, (".tsv", ".txt", ".conll", ".iob"))
+        return path, read_conll(path)
+    path = find_split(directory, split, (".jsonl", ".tsv"))
+    return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
+
+
+
+# ----------------------------------------------------------------------------------------
+# The default tasks.
+# ----------------------------------------------------------------------------------------
+# finetune.py's `default` task: name=kind:path under the directory build_default_tasks writes
+SPEC = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
+
+
+def pretraining_text(pretrain_dir):
+    """Text the encoders were pretrained on, to drop default-task examples that occur in it
+    verbatim: <pretrain_dir>/val.txt, plus all the documents when meta.json's source says they
+    were generated by world.corpus(n_docs, seed). '' when pretrain_dir is absent."""
+    parts = []
+    val = os.path.join(pretrain_dir, "val.txt")
+    if os.path.exists(val):
+        with open(val, encoding="utf-8") as f:
+            parts.append(f.read())
+    meta_path = os.path.join(pretrain_dir, "meta.json")
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        made = re.fullmatch(r"generated:world\.corpus\((\d+), (\d+)\)", str(meta.get("source", "")))
+        if made:
+            parts += world.corpus(int(made.group(1)), int(made.group(2)))
+    return "\n".join(parts)
+
+
+def _sizes(text, name):
+    try:
+        sizes = [int(x) for x in text.split(",")]
+        assert len(sizes) == 3 and min(sizes) > 0
+    except (ValueError, AssertionError):
+        fail(f"--{name} expects three positive counts train,dev,test; got {text!r}")
+    return dict(zip(("train", "dev", "test"), sizes))
+
+
+def _unique(make, n, seen):
+    """n examples from make() whose text is new: not in pretraining, not in another split."""
+    out, tries = [], 0
+    while len(out) < n:
+        tries += 1
+        if tries > 50 * n + 1000:
+            fail(f"could not draw {n} default-task examples unseen in pretraining; lower the task sizes")
+        ex, text = make()
+        if text in seen["pretrain"]:
+            seen["dropped"] += 1
+        elif text not in seen["set"]:
+            seen["set"].add(text)
+            out.append(ex)
+    return out
+
+
+def needle_example(rng, length, position, present):
+    """The needle-in-a-haystack probe: query (text_a) = a templated fact about a patient;
+    haystack (text_b) = `length` words of world documents with a fact about that patient
+    inserted at the start, middle or end. The fact is the query (present) or differs from
+    it only in its slot values, the drug and dose (absent)."""
+    template = "Patient {ID} was prescribed {DRUG} {DOSE} ."
+    pid = str(rng.randint(1000, 9999))
+    drug, dose = rng.choice(world.DRUGS), rng.choice(world.DOSES)
+    query, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
+    if not present:
+        drug = rng.choice([d for d in world.DRUGS if d != drug])
+        dose = rng.choice(world.DOSES)
+    fact, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
+    filler = []
+    while len(filler) < length:
+        filler += world.document(rng).split()
+    # end the filler on a sentence boundary so the fact is never spliced into a sentence
+    ends = [i + 1 for i, w in enumerate(filler[:length]) if w == "."]
+    filler = filler[:ends[-1] if ends else length]
+    ends = [i + 1 for i, w in enumerate(filler) if w == "."]
+    at = {"start": 0, "end": len(filler),
+          "middle": min(ends or [len(filler) // 2], key=lambda i: abs(i - len(filler) // 2))}[position]
+    haystack = filler[:at] + fact + filler[at:]
+    return dict(text_a=" ".join(query), text_b=" ".join(haystack),
+                label="present" if present else "absent", group=[position, f"{length} words"])
+
+
+def split_files(rng, split, seen, task_seed, ner_sizes, notes_sizes, needle_per_cell, needle_lengths,
+                needle_positions):
+    """One split of the three tasks -> {(task, file name): text}; `seen` tracks used texts."""
+    def ner_one():
+        words, tags = world.sentence(rng)
+        return (words, tags), " ".join(words)
+    sents = _unique(ner_one, _sizes(ner_sizes, "ner_sizes")[split], seen)
+    written = {("ner", split + ".tsv"): "\n\n".join(
+        "\n".join(f"{w}\t{t}" for w, t in zip(words, tags)) for words, tags in sents) + "\n"}
+
+    def note_one():
+        text, note_type = world.note(rng)
+        return dict(text=text, label=note_type), text
+    notes = _unique(note_one, _sizes(notes_sizes, "notes_sizes")[split], seen)
+    written[("notes", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in notes)
+
+    needles = []
+    for length in [int(x) for x in needle_lengths.split(",")]:
+        for position in needle_positions.split(","):
+            n = _sizes(needle_per_cell, "needle_per_cell")[split]
+            for i in range(n):  # balanced: half present, half absent (training shuffles)
+                needles.append(needle_example(rng, length, position, present=i % 2 == 0))
+    written[("needle", split + ".jsonl")] = "".join(json.dumps(ex) + "\n" for ex in needles)
+    return written
+
+
+def build_default_tasks(directory, pretrain_dir, task_seed, ner_sizes, notes_sizes, needle_per_cell,
+                        needle_lengths, needle_positions, rebuild=False):
+    """Write the default tasks (ner, notes, needle) under `directory` unless they are there
+    already with the same recipe (spec.json), or `rebuild`. Returns the directory."""
+    meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            pretrain = json.load(f).get("source")
+    recipe = dict(task_seed=task_seed, ner_sizes=ner_sizes, notes_sizes=notes_sizes,
+                  needle_per_cell=needle_per_cell, needle_lengths=needle_lengths, needle_positions=needle_positions)
+    spec = dict(version=1, **recipe, pretrain_dir=os.path.abspath(pretrain_dir),
+                pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
+    spec_path = os.path.join(directory, "spec.json")
+    if not rebuild and os.path.exists(spec_path):
+        with open(spec_path) as f:
+            if json.load(f) == spec:
+                return directory
+    print(f"building the default tasks in {directory} (seed {task_seed})")
+    seen = dict(set=set(), pretrain=pretraining_text(pretrain_dir), dropped=0)
+    written = {}
+    for split_i, split in enumerate(("train", "dev", "test")):
+        rng = random.Random(task_seed * 10 + split_i)  # one stream per split: test never shifts with train sizes
+        written.update(split_files(rng, split, seen, **recipe))
+    written[("", "spec.json")] = json.dumps(spec, indent=1)  # last: its presence means the rest is there
+    for (name, file), text in written.items():
+        os.makedirs(os.path.join(directory, name), exist_ok=True)
+        atomic_write(os.path.join(directory, name, file), lambda f: f.write(text.encode("utf-8")))
+    print(f"default tasks: {seen['dropped']} drawn examples dropped, seen verbatim in pretraining text")
+    return directory
