@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -330,15 +331,20 @@ def check_training_run(report, device, workdir, compile_=True):
     base = ["--data_dir", data, "--phase", "clm", "--preset", "tiny", "--seq_len", "256", "--batch_size", "4",
             "--global_batch_size", "8", "--max_tokens", str(6 * 8 * 256), "--learning_rate", "1e-3",
             "--warmup_tokens", "2048", "--progress", "false", "--log_interval", "1", "--eval_interval", "1000",
-            "--eval_tokens", "2048", "--device", device.type, "--dtype", "bfloat16"]
+            "--eval_tokens", "2048", "--device", str(device), "--dtype", "bfloat16"]
     fast = ["--compile", str(compile_).lower(), "--attn_backend", "flex"]
     runs = {}
     for name, extra in (("eager sdpa", ["--compile", "false", "--attn_backend", "sdpa"]), ("fast", fast)):
         out = os.path.join(workdir, name.replace(" ", "_"))
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.time()
-            detour.main(base + extra + ["--out_dir", out])
+            try:
+                detour.main(base + extra + ["--out_dir", out])
+            finally:  # detour.main takes SIGINT/SIGTERM for its checkpoints: give Ctrl-C back
+                for sig, h in handlers.items():
+                    signal.signal(sig, h)
         runs[name] = (logged_losses(out), time.time() - t0, any("using sdpa" in str(w.message) for w in caught))
     (ref, t_ref, _), (got, t_got, fell_back) = runs["eager sdpa"], runs["fast"]
     e = max(abs(a - b) for a, b in zip(got, ref)) / max(abs(b) for b in ref)
@@ -444,7 +450,8 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
             report.add("speed", f"sdpa kernels, {phase} T={T}", "FAIL", detail=f"{type(e).__name__}: {e}"[:200])
     runners = {"eager": ours}
     if "compiled" in modes:
-        torch._dynamo.config.recompile_limit = 64  # a graph per (T, phase) row, plus the head's
+        limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        setattr(torch._dynamo.config, limit, 64)  # a graph per (T, phase) row, and the head's per row
         runners["compiled"] = torch.compile(ours, dynamic=False)  # static shapes, as training at one T
     # Longest first: the target length is measured before the budget runs out; per length and
     # phase, HF, then ours eager, then ours compiled, on the same batch.
@@ -504,14 +511,15 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
                 row = dict(phase=phase, T=T, batch=B, mode=mode, tok_s=round(tok_s), mfu=mfu,
                            first_step_s=round(first, 2), step_s=dt, loss=loss,
                            peak_gib=None if peak is None else peak / 2**30, step_gib=None if grow is None else grow / 2**30)
-                detail = f"MFU {mfu:.1%}" if mfu is not None else ""
+                parts = [f"MFU {mfu:.1%}"] if mfu is not None else []
                 if peak is not None:
-                    detail += f", peak {peak / 2**30:.1f} GiB (step {grow / 2**30:.1f})"
+                    parts.append(f"peak {peak / 2**30:.1f} GiB (step {grow / 2**30:.1f})")
+                detail = ", ".join(parts)
                 if hf_res is not None:
                     _, hdt, hpeak, hgrow, hloss = hf_res
                     row.update(hf_tok_s=round(B * T / hdt), hf_peak_gib=None if hpeak is None else hpeak / 2**30,
                                hf_step_gib=None if hgrow is None else hgrow / 2**30, speedup_vs_hf=hdt / dt)
-                    detail += f"; HF {B * T / hdt:,.0f} tok/s ({hdt / dt:.2f}x)"
+                    detail += ("; " if detail else "") + f"HF {B * T / hdt:,.0f} tok/s (ours {hdt / dt:.2f}x)"
                     if hgrow is not None:
                         detail += f", HF step {hgrow / 2**30:.1f} GiB"
                 detail += f"; first step {first:.1f} s"
@@ -599,6 +607,8 @@ def main(argv=None):
         return 0
     device = torch.device(args.device)
     if device.type == "cuda":
+        if device.index is None:  # "cuda" -> "cuda:N": set_device and the memory stats need an index
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     t_start = time.time()
     deadline = t_start + args.budget
@@ -630,7 +640,7 @@ def main(argv=None):
                 continue
             try:
                 run()
-            except Exception as e:  # a crashed check is a failed check; the others still run
+            except (Exception, SystemExit) as e:  # a crashed check (or detour's fail()) fails; the others run
                 traceback.print_exc()
                 report.add(name, "crashed", "FAIL", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 free(device)
