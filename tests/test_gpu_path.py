@@ -72,8 +72,8 @@ def test_compile_matches_eager(tiny_data, tmp_path):
     against eager. Tolerance 1e-4 on the logged losses (5 decimals) and 1e-5 on the weights:
     fp32 throughout, and inductor's fused kernels only reorder sums (relative ~1e-7), which two
     AdamW steps at lr 3e-3 cannot grow to 1e-5; measured 0 (losses) and 4.8e-8 (weights).
-    Cost: one compile of the training and evaluation graphs, ~95 s with a cold inductor cache on
-    this 2-core machine (busy), ~10 s once the on-disk cache holds them."""
+    Cost: one compile of the training and evaluation graphs, 65 s with a cold inductor cache on
+    this 2-core machine (busy, one thread), 7 s once inductor's on-disk cache holds them."""
     import shutil
     if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):  # inductor's CPU backend
         pytest.skip("no C++ compiler: torch.compile (inductor) cannot build CPU kernels here")
