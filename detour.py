@@ -968,7 +968,9 @@ def setup_distributed(cfg):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=rank == 0 and not agent_store)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group("nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
+    # NCCL reduces CUDA tensors only; the loss, evaluation and stop-flag all_reduces are on CPU
+    # tensors, so a CUDA run also gets gloo for those.
+    dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
                             store=dist.PrefixStore(f"detour/attempt{attempt}", store))
     return rank, world, torch.device(dev)
 
