@@ -773,8 +773,7 @@ def train(cfg):
         if last_step and run.master:
             save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
             print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
-            with run.amp:
-                print_samples(cfg, run)
+            print_samples(cfg, run)
         # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
         if stop_requested(run):
             save_run(cfg, run, step, tokens)
@@ -806,23 +805,25 @@ def fill_masks(model, ids, positions, k=3):
 
 
 def print_samples(cfg, run, n=2, length=32):
-    """The end of a phase made visible (nanoGPT's sample.py), on the first n validation documents:
-    a greedy continuation in causal mode after clm; three tokens masked and the model's top-3 fills
-    after mlm and decay. Draws no random numbers; ids are printed as such without a tokenizer."""
-    tok, model = load_tokenizer(run.tokenizer) if run.tokenizer else None, run.raw_model.eval()
-    piece = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}")
-    text = lambda ids: "".join(map(piece, ids)).strip()  # noqa: E731
+    """The end of a phase made visible (nanoGPT's sample.py) on the first n validation documents: a greedy
+    continuation in causal mode after clm, three masked tokens and the model's top-3 fills after mlm and
+    decay. In fp32 with sdpa attention (any device); draws no random numbers; ids without a tokenizer."""
+    tok = load_tokenizer(run.tokenizer) if run.tokenizer else None
+    model, backend = run.raw_model.eval(), run.raw_model.model.attn_backend
+    piece, model.model.attn_backend = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}"), "sdpa"
     stream = np.asarray(run.val.data[:100_000]).astype(np.int64)
     for ids in [d[:length].tolist() for d in np.split(stream, np.flatnonzero(stream == run.config.sep_token_id) + 1)
                 if len(d) >= 12][:n]:  # [CLS] document ([SEP])
         if PHASES[cfg.phase].causal:
-            print(f"sample ({cfg.phase}, greedy): {text(ids[1:9])} ->> {text(generate(model, ids[:9], 16))}")
+            text = ["".join(map(piece, x)).strip() for x in (ids[1:9], generate(model, ids[:9], 16))]
+            print(f"sample ({cfg.phase}, greedy): {text[0]!r} -> {text[1]!r}")
             continue
         pos = [1 + (j + 1) * (len(ids) - 2) // 4 for j in range(3)]
         fills = ", ".join(f"{'/'.join(piece(t).strip() for t in top)} ({piece(ids[p]).strip()})"
                           for p, top in zip(pos, fill_masks(model, ids, pos)))
         shown = "".join(("[MASK]", " [MASK]")[piece(i)[:1] == " "] if p in pos else piece(i) for p, i in enumerate(ids))
         print(f"sample ({cfg.phase}): {shown.strip()}\n  top-3 fills (true token): {fills}")
+    model.model.attn_backend = backend
     model.train()
 
 
