@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -38,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from tokenizers import Tokenizer, processors
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -509,8 +511,11 @@ def load_data(data_dir, split):
     for p in (meta_path, bin_path):
         if not os.path.exists(p):
             fail(f"{p} not found; run `python data/prepare.py` (or set --data_dir)")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    fix = "re-run data/prepare.py"
+    meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id", "sep_token_id",
+                                 "mask_token_id", "unk_token_id"), fix)
+    if meta["dtype"] not in ("uint16", "uint32") or os.path.getsize(bin_path) % np.dtype(meta["dtype"]).itemsize:
+        fail(f"{bin_path} does not hold {meta['dtype']} token ids as {meta_path} says; {fix}")
     if os.path.getsize(bin_path) == 0:
         fail(f"{bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
     return meta, np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
@@ -680,13 +685,15 @@ def setup(cfg):
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
         fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
-             f"batch_size x ranks = {cfg.batch_size * world}")
+             f"batch_size x ranks = {cfg.batch_size * world}; change --global_batch_size or --batch_size")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if world > 1:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
+    if os.path.exists(tokenizer):  # read now, not when the export needs it at the end of the run
+        hf_tokenizer_files(config, tokenizer)
     run = SimpleNamespace(
         **start, rank=rank, world=world, master=rank == 0, device=device, model=model, raw_model=raw_model,
         optimizer=optimizer, config=config, frozen=frozen, n_real_vocab=meta["vocab_size"],
@@ -766,6 +773,7 @@ def train(cfg):
         if last_step and run.master:
             save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
             print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
+            print_samples(cfg, run)
         # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
         if stop_requested(run):
             save_run(cfg, run, step, tokens)
@@ -777,6 +785,46 @@ def train(cfg):
     if run.world > 1:
         dist.destroy_process_group()
     return run.raw_model
+
+
+@torch.no_grad()
+def generate(model, ids, n_new):
+    """Greedy continuation of the token ids `ids`, in causal mode -> the n_new ids that follow."""
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    for _ in range(n_new):
+        x = torch.cat([x, model(x, causal=True)[0][:, -1:].argmax(-1)], dim=1)
+    return x[0, len(ids):].tolist()
+
+
+@torch.no_grad()
+def fill_masks(model, ids, positions, k=3):
+    """`ids` with [MASK] at `positions`, bidirectional -> the model's top-k ids at each position."""
+    x = torch.tensor([ids], device=next(model.parameters()).device)
+    x[0, positions] = model.config.mask_token_id
+    return model(x)[0][0, positions].topk(k).indices.tolist()
+
+
+def print_samples(cfg, run, n=2, length=32):
+    """The end of a phase made visible (nanoGPT's sample.py) on the first n validation documents: a greedy
+    continuation in causal mode after clm, three masked tokens and the model's top-3 fills after mlm and
+    decay. In fp32 with sdpa attention (any device); draws no random numbers; ids without a tokenizer."""
+    tok = load_tokenizer(run.tokenizer) if run.tokenizer else None
+    model, backend = run.raw_model.eval(), run.raw_model.model.attn_backend
+    piece, model.model.attn_backend = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}"), "sdpa"
+    stream = np.asarray(run.val.data[:100_000]).astype(np.int64)
+    for ids in [d[:length].tolist() for d in np.split(stream, np.flatnonzero(stream == run.config.sep_token_id) + 1)
+                if len(d) >= 12][:n]:  # [CLS] document ([SEP])
+        if PHASES[cfg.phase].causal:
+            text = ["".join(map(piece, x)).strip() for x in (ids[1:9], generate(model, ids[:9], 16))]
+            print(f"sample ({cfg.phase}, greedy): {text[0]!r} -> {text[1]!r}")
+            continue
+        pos = [1 + (j + 1) * (len(ids) - 2) // 4 for j in range(3)]
+        fills = ", ".join(f"{'/'.join(piece(t).strip() for t in top)} ({piece(ids[p]).strip()})"
+                          for p, top in zip(pos, fill_masks(model, ids, pos)))
+        shown = "".join(("[MASK]", " [MASK]")[piece(i)[:1] == " "] if p in pos else piece(i) for p, i in enumerate(ids))
+        print(f"sample ({cfg.phase}): {shown.strip()}\n  top-3 fills (true token): {fills}")
+    model.model.attn_backend = backend
+    model.train()
 
 
 # ----------------------------------------------------------------------------------------
@@ -802,6 +850,26 @@ def atomic_write(path, write_fn):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def read_json(path, keys=(), fix="re-create it"):
+    """A JSON object from `path` that has `keys`; anything else is a one-line error."""
+    try:
+        with open(path, "rb") as f:
+            d = json.loads(f.read())
+    except ValueError as e:  # UnicodeDecodeError included
+        fail(f"{path} is not valid JSON ({e}); {fix}")
+    if missing := [k for k in keys if not isinstance(d, dict) or k not in d]:
+        fail(f"{path} lacks {', '.join(missing)}; {fix}")
+    return d
+
+
+def load_tokenizer(path):
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises its own exception types
+        fail(f"{path} is not a tokenizer.json the tokenizers library can load ({str(e).splitlines()[0][:80]}); "
+             "use the one data/prepare.py wrote")
 
 
 # Hugging Face format: config.json + model.safetensors, read and written with a few lines
@@ -884,8 +952,7 @@ def load_hf(directory):
     for p in (cfg_path, st_path):
         if not os.path.exists(p):
             fail(f"{p} not found; point at a directory with config.json and model.safetensors")
-    with open(cfg_path) as f:
-        config = config_from_hf(json.load(f))
+    config = config_from_hf(read_json(cfg_path, fix="re-export or re-download it"))
     model = ModernBERT(config)
     sd = read_safetensors(st_path)
     sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
@@ -905,9 +972,29 @@ def save_hf(model, directory, tokenizer_path=None):
     write_safetensors(sd, os.path.join(directory, "model.safetensors"))
     text = json.dumps(config_to_hf(model.config), indent=2).encode()
     atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
-    if tokenizer_path:
-        data = open(tokenizer_path, "rb").read()
-        atomic_write(os.path.join(directory, "tokenizer.json"), lambda f: f.write(data))
+    for name, text in (hf_tokenizer_files(model.config, tokenizer_path) if tokenizer_path else {}).items():
+        atomic_write(os.path.join(directory, name), lambda f: f.write(text.encode()))
+
+
+def hf_tokenizer_files(config, tokenizer_path):
+    """What AutoTokenizer and pipeline("fill-mask") need -> {file name: text}: the data's tokenizer.json
+    ("a [MASK] b": [MASK] takes the space before it; [CLS] a [SEP] added, as prepare.py stores documents,
+    unless it has a post-processor), and tokenizer_config.json naming the special tokens of the model's config."""
+    load_tokenizer(tokenizer_path)  # a file the tokenizers library cannot read is a one-line error
+    d = read_json(tokenizer_path, ("added_tokens",), "use the tokenizer.json data/prepare.py wrote")
+    names = {t["id"]: t for t in d["added_tokens"]}
+    special = {f"{k}_token": names[i]["content"] for k in ("cls", "sep", "pad", "mask", "unk")
+               if (i := getattr(config, f"{k}_token_id")) in names}
+    names.get(config.mask_token_id, {})["lstrip"] = True
+    tok, (cls, sep) = Tokenizer.from_str(json.dumps(d)), (special.get("cls_token"), special.get("sep_token"))
+    if tok.post_processor is None and cls and sep:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, config.cls_token_id), (sep, config.sep_token_id)])
+    hf_config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config.max_position_embeddings,
+                     clean_up_tokenization_spaces=False, **special)
+    return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(hf_config, indent=2),
+            "special_tokens_map.json": json.dumps(special, indent=2)}
 
 
 # Model FLOPs, for MFU
@@ -996,16 +1083,55 @@ def _convert(key, text, default):
         return float(text) if isinstance(default, float) else text
     except (KeyError, ValueError):
         kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
-        fail(f"--{key} expects {kind}, got {text!r}")
+        fail(f"--{key} expects {kind}, got {text!r}; e.g. --{key} {str(default).lower()}")
 
 
-def apply_overrides(namespace, argv, prog="detour.py"):
-    """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors."""
+# What each constant means, checked at start-up (main) before anything is read or written:
+# (test, what the value must be). finetune.py and data/prepare.py have their own tables.
+POSITIVE, NON_NEGATIVE, NOT_EMPTY = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0"), (bool, "not empty")
+RATE, FRACTION = (lambda v: 0 < v < 1, "in (0, 1)"), (lambda v: 0 <= v <= 1, "in [0, 1]")
+BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
+one_of = lambda *names: ((lambda v: v in names), "one of " + " | ".join(n or '""' for n in names))  # noqa: E731
+DEVICE = (lambda v: v in ("auto", "cpu") or bool(re.fullmatch(r"cuda(:\d+)?", v)) and int(v[5:] or 0) < torch.cuda
+          .device_count(), "auto | cpu | cuda | cuda:N, a device this machine has")
+DTYPE = one_of("auto", "float32", "bfloat16")
+RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=NOT_EMPTY, data_dir=NOT_EMPTY,
+             mlm_rate=RATE, decay_mlm_rate=RATE, seq_len=POSITIVE, batch_size=POSITIVE, global_batch_size=POSITIVE,
+             max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"), decay_tokens=NON_NEGATIVE,
+             data_seed=NON_NEGATIVE, seed=NON_NEGATIVE, learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE,
+             min_lr_ratio=FRACTION, beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
+             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, attn_backend=one_of("sdpa", "flex", "dense_window"),
+             eval_interval=POSITIVE, eval_tokens=POSITIVE, log_interval=POSITIVE, ckpt_interval=POSITIVE)
+
+
+def check(values, rules, prog="detour.py"):
+    """Every value against its rule (keys absent from `values` skipped); the first break is an error."""
+    for key, (test, want) in ((k, r) for k, r in rules.items() if k in values and not r[0](values[k])):
+        fail(f"--{key} {values[key]!r} must be {want}; see python {prog} --help")
+
+
+def print_help(prog, block):
+    """--help: the lines of `prog`'s source from block[0] up to block[1] that are comments or
+    `key = default` lines: every option, its default and its comment, grouped as there."""
+    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), prog)).read()
+    lines = [l for l in (block[0] + text.split(block[0], 1)[1].split(block[1])[0]).splitlines()
+             if re.match(r"\s*(#(?! ?-{8})|\w[\w, ]*(: \w+)? = )", l)]
+    indent = min(len(l) - len(l.lstrip()) for l in lines if not l.lstrip().startswith("#"))
+    print(f"usage: python {prog} [--key value | --key=value ...]; every option, its default and comment:\n")
+    print("\n".join(l[indent:] if l[:indent].isspace() else l for l in lines))
+
+
+def apply_overrides(namespace, argv, prog="detour.py", block=("# 1. Constants", "# The constants above")):
+    """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors;
+    -h / --help prints the options (print_help) and exits."""
     known = {k for k, v in namespace.items()
              if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
     i, changed = 0, {}
     while i < len(argv):
         arg = argv[i]
+        if arg in ("-h", "--help"):
+            print_help(prog, block)
+            raise SystemExit(0)
         if not arg.startswith("--"):
             fail(f"unexpected argument {arg!r}; use --key value or --key=value")
         if "=" in arg:
@@ -1171,6 +1297,7 @@ def main(argv):
     a continuing phase (decay) Phase 1's, except the keys it owns."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
+    check(cfg, RULES)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if restarted and cfg["init_from"] != "resume":
         out = resolve_out_dir(SimpleNamespace(**cfg))
@@ -1187,11 +1314,8 @@ def main(argv):
         saved = load_checkpoint(cfg["init_from"])["config"]
         cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in phase.own},
                **{k: cfg[k] for k in phase.own}, **given}
+    check(cfg, RULES)  # again: also what a resumed or continuing run inherits (its device must exist here)
     cfg = SimpleNamespace(**cfg)
-    if cfg.phase not in PHASES:
-        fail(f"--phase {cfg.phase!r} is unknown; use clm, mlm or decay")
-    if cfg.preset not in PRESETS:
-        fail(f"--preset {cfg.preset!r} is unknown; use one of {', '.join(PRESETS)}")
     if PHASES[cfg.phase].continues and cfg.init_from == "scratch":
         fail(f"--phase {cfg.phase} starts from a Phase-1 checkpoint; pass --init_from out/clm")
     cfg.out_dir = resolve_out_dir(cfg)

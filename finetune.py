@@ -44,7 +44,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 import detour
@@ -114,6 +113,14 @@ CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # main: cpu_<
 REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio", "max_len",
             "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr", "probe_epochs", "max_train",
             "max_eval")  # the protocol settings results.json records
+P, N, F1 = detour.POSITIVE, detour.NON_NEGATIVE, detour.BETA  # > 0, >= 0, in [0, 1)
+RULES = dict(ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=P, weight_decay=N, batch_size=P, epochs=P,
+             ner_epochs=P, warmup_ratio=F1, seeds=P, max_len=(lambda v: v >= 3, ">= 3 ([CLS] a [SEP] b [SEP])"),
+             pooling=detour.one_of("cls", "mean"), dropout=F1, grad_clip=N, probe_lr=P, probe_epochs=P, cpu_epochs=P,
+             cpu_ner_epochs=P, cpu_seeds=P, cpu_learning_rate=P, task_seed=N, max_train=N, max_eval=N,
+             pos_weight=(lambda v: v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v))
+                         and float(v) > 0, "none | auto | a number > 0"), device=detour.DEVICE, dtype=detour.DTYPE,
+             bootstrap_samples=P, analysis=detour.one_of("", "cka", "drift", "transplant"))  # checked by main
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
 
 # ----------------------------------------------------------------------------------------
@@ -266,7 +273,7 @@ def load_encoder(path):
     tok_path = os.path.join(d, "tokenizer.json")
     if not os.path.exists(tok_path):
         fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
-    model, tokenizer = detour.load_hf(d), Tokenizer.from_file(tok_path)
+    model, tokenizer = detour.load_hf(d), detour.load_tokenizer(tok_path)
     c = model.config
     if tokenizer.get_vocab_size() > c.vocab_size:
         fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
@@ -806,14 +813,10 @@ def main(argv=None):
     """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
     -> the comparison (run) or an analysis."""
     settings = asdict(Protocol())
-    given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, prog="finetune.py")
+    given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
+                                   ("class Protocol", "\nCPU_DEFAULTS"))
+    detour.check(settings, RULES, "finetune.py")
     p = Protocol(**settings)
-    if p.pooling not in ("cls", "mean"):
-        fail(f"--pooling must be cls or mean, got {p.pooling!r}")
-    if p.pos_weight not in ("none", "auto") and not re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", p.pos_weight):
-        fail(f"--pos_weight must be none, auto or a number, got {p.pos_weight!r}")
-    if p.analysis not in ("", "cka", "drift", "transplant"):
-        fail(f"--analysis must be cka, drift or transplant, got {p.analysis!r}")
     paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
     if p.analysis == "cka":
         return cka_divergence(p, paths)
@@ -861,11 +864,10 @@ def text_examples(p, tokenizer, path):
     Sentences rather than whole texts: CKA needs many more inputs than hidden dimensions."""
     cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), p.max_len - 2
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            for sentence in re.split(r"(?<=[.!?])\s+", line.strip()):
-                ids = tokenizer.encode(sentence, add_special_tokens=False).ids
-                out += [dict(ids=[cls] + ids[s:s + room] + [sep]) for s in range(0, len(ids), room)]
+    for line in tasks.read_lines(path):
+        for sentence in re.split(r"(?<=[.!?])\s+", line.strip()):
+            ids = tokenizer.encode(sentence, add_special_tokens=False).ids
+            out += [dict(ids=[cls] + ids[s:s + room] + [sep]) for s in range(0, len(ids), room)]
     if not out:
         fail(f"{path} holds no text")
     return out

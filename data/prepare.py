@@ -31,7 +31,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # "import world" and "import detour" from any working directory
 import world  # noqa: E402
-from detour import atomic_write, fail  # noqa: E402  the project's one error style and one atomic write
+from detour import NON_NEGATIVE, RATE, atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
+from tasks import read_lines  # noqa: E402
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -39,6 +40,9 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 DEFAULT_N_DOCS = 20000  # about 2.6M tokens with the default 8192-token vocabulary
 DEFAULT_WORLD_SEED = 1234
+RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
+             val_fraction=RATE, n_docs=(lambda v: v >= 2, ">= 2 (a train and a val document)"), seed=NON_NEGATIVE,
+             world_seed=NON_NEGATIVE, group_tokens=(lambda v: v is None or v > 0, "> 0"))  # checked by main
 
 
 def clean(text):
@@ -57,32 +61,32 @@ def read_documents(path, group_tokens=None):
     if not os.path.isfile(path):
         fail(f"input file not found: {path} (check the --input path)")
     docs = []
-    with open(path, encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    fail(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    fail(f'{path}:{lineno}: no "text" string field; each line must look like {{"text": "..."}}')
-                docs.append(clean(record["text"]))
-        elif group_tokens:
-            group, n_words = [], 0
-            for line in f:
-                words = line.split()
-                if words:
-                    group.append(" ".join(words))
-                    n_words += len(words)
-                if group and (not words or n_words >= group_tokens):
-                    docs.append(" ".join(group))
-                    group, n_words = [], 0
-            if group:
+    lines = read_lines(path)  # a file that is not UTF-8 text is a one-line error
+    if path.endswith(".jsonl"):
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                fail(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                fail(f'{path}:{lineno}: no "text" string field; each line must look like {{"text": "..."}}')
+            docs.append(clean(record["text"]))
+    elif group_tokens:
+        group, n_words = [], 0
+        for line in lines:
+            words = line.split()
+            if words:
+                group.append(" ".join(words))
+                n_words += len(words)
+            if group and (not words or n_words >= group_tokens):
                 docs.append(" ".join(group))
-        else:
-            docs = [clean(line) for line in f]
+                group, n_words = [], 0
+        if group:
+            docs.append(" ".join(group))
+    else:
+        docs = [clean(line) for line in lines]
     docs = [d for d in docs if d]
     if not docs:
         fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
@@ -143,7 +147,6 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
         fail(f"need at least 2 documents (one for train, one for val), got {len(docs)}; give more input")
     if not 0 < val_fraction < 1:
         fail(f"val_fraction must be between 0 and 1, got {val_fraction}")
-    os.makedirs(out_dir, exist_ok=True)
 
     # Shuffle before the split so val is not just the tail of the file.
     order = list(range(len(docs)))
@@ -156,16 +159,18 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
     if tokenizer_path:
         if not os.path.isfile(tokenizer_path):
             fail(f"tokenizer file not found: {tokenizer_path} (check the --tokenizer path)")
-        tokenizer = Tokenizer.from_file(tokenizer_path)
+        tokenizer = load_tokenizer(tokenizer_path)
         ids = special_ids(tokenizer)
-        if os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
-            atomic_write(tok_out, lambda f: f.write(open(tokenizer_path, "rb").read()))
+        data = open(tokenizer_path, "rb").read()
     else:
         # Train on the train split only, so val text stays truly unseen.
         tokenizer = train_tokenizer(train_docs, vocab_size)
         ids = special_ids(tokenizer)
         assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-        atomic_write(tok_out, lambda f: f.write(tokenizer.to_str(pretty=True).encode("utf-8")))
+        data = tokenizer.to_str(pretty=True).encode("utf-8")
+    os.makedirs(out_dir, exist_ok=True)  # the first write: the input and the tokenizer are known good
+    if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
+        atomic_write(tok_out, lambda f: f.write(data))
 
     n_vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if n_vocab <= 2 ** 16 else np.uint32
@@ -210,15 +215,15 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split")
     p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS, help="generated documents")
     p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED, help="seed of the generated corpus")
+    p.error = lambda message: fail(f"{message}; see python data/prepare.py --help")  # argparse's own: exit 2, 2 lines
     args = p.parse_args(argv)
+    check(vars(args), RULES, "data/prepare.py")
 
     t0 = time.time()
     if args.input:
         docs = read_documents(args.input, args.group_tokens)
         source = args.input
     else:
-        if args.n_docs < 2:
-            fail(f"--n_docs must be at least 2, got {args.n_docs}")
         docs = world.corpus(args.n_docs, args.world_seed)
         source = f"generated:world.corpus({args.n_docs}, {args.world_seed})"
     out_dir = args.out_dir or os.path.join(HERE, args.name)

@@ -21,7 +21,7 @@ import random
 import re
 
 import world
-from detour import atomic_write, fail
+from detour import atomic_write, fail, read_json
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
 
@@ -66,23 +66,31 @@ def find_split(directory, split, exts):
     fail(f"no {split} split in {directory} (looked for {names})")
 
 
+def read_lines(path):
+    """The lines of a UTF-8 text file (as iterating over it gives them); anything else is a one-line error."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readlines()
+    except UnicodeDecodeError as e:
+        fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); convert it (e.g. iconv -t utf-8)")
+
+
 def read_conll(path):
     """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
     sents, cur = [], dict(words=[], tags=[], lines=[])
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("-DOCSTART-"):
-                if cur["words"]:
-                    sents.append(cur)
-                cur = dict(words=[], tags=[], lines=[])
-                continue
-            parts = line.split()
-            if len(parts) < 2:
-                fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
-            cur["words"].append(parts[0])
-            cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
-            cur["lines"].append(n)
+    for n, raw in enumerate(read_lines(path), 1):
+        line = raw.strip()
+        if not line or line.startswith("-DOCSTART-"):
+            if cur["words"]:
+                sents.append(cur)
+            cur = dict(words=[], tags=[], lines=[])
+            continue
+        parts = line.split()
+        if len(parts) < 2:
+            fail(f"{path}:{n}: expected `token<TAB>tag`, got {line[:60]!r}")
+        cur["words"].append(parts[0])
+        cur["tags"].append(parts[-1])  # the tag is the last column (as conlleval reads it)
+        cur["lines"].append(n)
     if cur["words"]:
         sents.append(cur)
     if not sents:
@@ -93,33 +101,32 @@ def read_conll(path):
 def read_jsonl(path, kind):
     """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as LABELS[kind] reads it."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                d = json.loads(raw)
-            except json.JSONDecodeError as e:
-                fail(f"{where}: not valid JSON ({e.msg})")
-            if not isinstance(d, dict):
-                fail(f"{where}: expected a JSON object")
-            if "text" in d:
-                text, text_b = d["text"], None
-            elif "text_a" in d and "text_b" in d:
-                text, text_b = d["text_a"], d["text_b"]
-            else:
-                fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
-            if "label" not in d:
-                fail(f"{where}: missing field `label`")
-            if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
-                fail(f"{where}: text fields must be strings")
-            label = LABELS[kind][0](d["label"])
-            if label is None:
-                fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, got {d['label']!r}")
-            groups = d.get("group", [])
-            out.append(dict(text=text, text_b=text_b, label=label,
-                            groups=[groups] if isinstance(groups, str) else list(groups), line=n))
+    for n, raw in enumerate(read_lines(path), 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            d = json.loads(raw)
+        except json.JSONDecodeError as e:
+            fail(f"{where}: not valid JSON ({e.msg})")
+        if not isinstance(d, dict):
+            fail(f"{where}: expected a JSON object")
+        if "text" in d:
+            text, text_b = d["text"], None
+        elif "text_a" in d and "text_b" in d:
+            text, text_b = d["text_a"], d["text_b"]
+        else:
+            fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
+        if "label" not in d:
+            fail(f"{where}: missing field `label`")
+        if not isinstance(text, str) or not isinstance(text_b, (str, type(None))):
+            fail(f"{where}: text fields must be strings")
+        label = LABELS[kind][0](d["label"])
+        if label is None:
+            fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, got {d['label']!r}")
+        groups = d.get("group", [])
+        out.append(dict(text=text, text_b=text_b, label=label,
+                        groups=[groups] if isinstance(groups, str) else list(groups), line=n))
     if not out:
         fail(f"{path} is empty")
     return out
@@ -128,8 +135,7 @@ def read_jsonl(path, kind):
 def read_tsv(path, kind):
     """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
     `text_b`/`sentence2`), label in `label` or `labels` (multilabel: comma-separated)."""
-    with open(path, encoding="utf-8") as f:
-        rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(f, 1) if line.strip()]
+    rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(read_lines(path), 1) if line.strip()]
     if len(rows) < 2:
         fail(f"{path} is empty (a header and at least one row are needed)")
     header = rows[0][1]
@@ -175,12 +181,10 @@ def pretraining_text(pretrain_dir):
     parts = []
     val = os.path.join(pretrain_dir, "val.txt")
     if os.path.exists(val):
-        with open(val, encoding="utf-8") as f:
-            parts.append(f.read())
+        parts.append("".join(read_lines(val)))
     meta_path = os.path.join(pretrain_dir, "meta.json")
     if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            meta = json.load(f)
+        meta = read_json(meta_path, fix="re-run data/prepare.py or point --pretrain_dir elsewhere")
         made = re.fullmatch(r"generated:world\.corpus\((\d+), (\d+)\)", str(meta.get("source", "")))
         if made:
             parts += world.corpus(int(made.group(1)), int(made.group(2)))
@@ -271,17 +275,15 @@ def build_default_tasks(directory, pretrain_dir, task_seed, ner_sizes, notes_siz
     already with the same recipe (spec.json), or `rebuild`. Returns the directory."""
     meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
     if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            pretrain = json.load(f).get("source")
+        pretrain = read_json(meta_path, fix="re-run data/prepare.py or point --pretrain_dir elsewhere").get("source")
     recipe = dict(task_seed=task_seed, ner_sizes=ner_sizes, notes_sizes=notes_sizes,
                   needle_per_cell=needle_per_cell, needle_lengths=needle_lengths, needle_positions=needle_positions)
     spec = dict(version=1, **recipe, pretrain_dir=os.path.abspath(pretrain_dir),
                 pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
     spec_path = os.path.join(directory, "spec.json")
     if not rebuild and os.path.exists(spec_path):
-        with open(spec_path) as f:
-            if json.load(f) == spec:
-                return directory
+        if read_json(spec_path, fix="delete it or pass --rebuild_tasks true") == spec:
+            return directory
     print(f"building the default tasks in {directory} (seed {task_seed})")
     seen = dict(set=set(), pretrain=pretraining_text(pretrain_dir), dropped=0)
     written = {}

@@ -174,7 +174,7 @@ def test_cli_modes_end_to_end(tmp_path):
     pa, pb = params(a), params(b)
     for name, p in model.named_parameters():
         assert torch.equal(p, (pa if name.startswith("model.layers.0.") else pb)[name]), name
-    with pytest.raises(SystemExit, match="--analysis must be"):
+    with pytest.raises(SystemExit, match="--analysis 'nope' must be one of"):
         ft.main(["--analysis", "nope"])
     with pytest.raises(SystemExit, match="needs --layers"):
         ft.main(["--analysis", "transplant", "--layers", "", *common])

@@ -139,7 +139,7 @@ def cli(*args):
 def test_cli_errors_are_one_line_and_nonzero(tiny_data):
     for args, msg in ((["--max_tokenz", "5"], "unknown option --max_tokenz"),
                       (["--seq_len", "long"], "--seq_len expects an integer"),
-                      (["--phase", "sft"], "--phase 'sft' is unknown")):
+                      (["--phase", "sft"], "--phase 'sft' must be one of clm | mlm | decay")):
         rc, err = cli("--data_dir", tiny_data, *args)
         assert rc != 0 and msg in err and "\n" not in err, err
 

@@ -220,8 +220,8 @@ def test_two_process_ddp_matches_one_process(tiny_data, tmp_path):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--phase", "nope"], "unknown; use clm, mlm or decay"),
-    (["--preset", "huge"], "preset 'huge' is unknown"),
+    (["--phase", "nope"], "must be one of clm | mlm | decay"),
+    (["--preset", "huge"], "--preset 'huge' must be one of tiny"),
 ])
 def test_bad_input_is_one_clear_line(tiny_data, tmp_path, argv, msg):
     with pytest.raises(SystemExit, match=msg):

@@ -1,0 +1,150 @@
+"""Every bad input is one line, `error: <what> ...; <how to fix it>`, exit status 1, no traceback,
+and what exists stays as it was: a prepared dataset and a checkpoint are byte-identical after a
+failed run that would have overwritten them (every row points its outputs at them). One row per
+case; most run main(argv) in process, the rows marked `cli` run the real command line. Also --help."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import detour
+import finetune as ft
+import prepare
+from conftest import ROOT
+
+TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
+        "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--max_tokens", "2048"]
+PROGRAMS = {"detour": (detour.main, "detour.py"), "prepare": (prepare.main, "data/prepare.py"),
+            "finetune": (ft.main, "finetune.py")}
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A dataset prepared by data/prepare.py, a tiny clm run on it, and broken copies of its files."""
+    root = str(tmp_path_factory.mktemp("bad"))
+    data, out = os.path.join(root, "data"), os.path.join(root, "clm")
+    prepare.main(["--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    detour.main(["--data_dir", data, "--out_dir", out, *TINY])
+
+    def copy(name, broken):  # the dataset with one file replaced by `broken` bytes
+        os.makedirs(os.path.join(root, name))
+        for f in os.listdir(data):
+            body = broken[1] if f == broken[0] else open(os.path.join(data, f), "rb").read()
+            open(os.path.join(root, name, f), "wb").write(body)
+
+    copy("garbage_meta", ("meta.json", b"{\"vocab_size\": 512,"))
+    copy("meta_no_keys", ("meta.json", b"{\"vocab_size\": 512}"))
+    copy("odd_bin", ("train.bin", open(os.path.join(data, "train.bin"), "rb").read()[:-1]))
+    copy("bad_tokenizer", ("tokenizer.json", b"{\"version\": \"1.0\"}"))
+    open(os.path.join(root, "latin1.txt"), "wb").write("caf\xe9 au lait\nun autre document\n".encode("latin-1"))
+    open(os.path.join(root, "ok.txt"), "w").write("one document\nanother document\n")
+    open(os.path.join(root, "tokenizer.json"), "w").write("{not json")
+    os.makedirs(os.path.join(root, "bad_tok_ckpt"))
+    for f in os.listdir(os.path.join(out, "hf")):
+        body = b"{}" if f == "tokenizer.json" else open(os.path.join(out, "hf", f), "rb").read()
+        open(os.path.join(root, "bad_tok_ckpt", f), "wb").write(body)
+    os.makedirs(os.path.join(root, "task"))
+    for split in ("train", "dev", "test"):
+        open(os.path.join(root, "task", split + ".jsonl"), "wb").write(b'{"text": "caf\xe9", "label": "a"}\n')
+    return dict(root=root, data=data, out=out)
+
+
+def snapshot(*dirs):
+    return {os.path.join(d, f): hashlib.sha256(open(os.path.join(d, f), "rb").read()).hexdigest()
+            for top in dirs for d, _, files in os.walk(top) for f in files}
+
+
+# (program, arguments (after those pointing the outputs at the existing dataset / checkpoint), what the
+# one line must contain, "cli" to run the real command line)
+ROWS = [
+    ("detour", "--seq_len 0", "--seq_len 0 must be > 0", ""),
+    ("detour", "--batch_size -1", "--batch_size -1 must be > 0", ""),
+    ("detour", "--global_batch_size 10", "global_batch_size 10 is not a multiple of batch_size x ranks = 4", ""),
+    ("detour", "--max_tokens 0", "--max_tokens 0 must be > 0", ""),
+    ("detour", "--learning_rate 0", "--learning_rate 0.0 must be > 0", ""),
+    ("detour", "--phase mlm --mlm_rate 1.5", "--mlm_rate 1.5 must be in (0, 1)", ""),
+    ("detour", "--phase decay --init_from {out} --decay_mlm_rate 0", "--decay_mlm_rate 0.0 must be in (0, 1)", ""),
+    ("detour", "--phase decay --init_from {out} --decay_ratio 0", "--decay_ratio 0.0 must be in (0, 1]", ""),
+    ("detour", "--warmup_tokens -1", "--warmup_tokens -1 must be >= 0", ""),
+    ("detour", "--min_lr_ratio 2", "--min_lr_ratio 2.0 must be in [0, 1]", ""),
+    ("detour", "--beta1 1", "--beta1 1.0 must be in [0, 1)", ""),
+    ("detour", "--eps 0", "--eps 0.0 must be > 0", ""),
+    ("detour", "--weight_decay -1e-5", "--weight_decay -1e-05 must be >= 0", ""),
+    ("detour", "--dtype fp16", "--dtype 'fp16' must be one of auto | float32 | bfloat16", "cli"),
+    ("detour", "--attn_backend xformers", "--attn_backend 'xformers' must be one of sdpa | flex | dense_window", ""),
+    pytest.param("detour", "--device cuda", "--device 'cuda' must be auto | cpu | cuda | cuda:N", "cli", marks=NO_GPU),
+    ("detour", f"--device cuda:{torch.cuda.device_count()}", "a device this machine has", ""),
+    ("detour", "--device tpu", "--device 'tpu' must be auto | cpu | cuda | cuda:N", ""),
+    ("detour", "--eval_interval 0", "--eval_interval 0 must be > 0", ""),
+    ("detour", "--ckpt_interval -5", "--ckpt_interval -5 must be > 0", ""),
+    ("detour", "--phase sft", "--phase 'sft' must be one of clm | mlm | decay", ""),
+    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | base | large", ""),
+    ("detour", "--init_from=", "--init_from '' must be not empty", ""),
+    ("detour", "--seq_len long", "--seq_len expects an integer, got 'long'; e.g. --seq_len 64", ""),
+    ("detour", "--data_dir {root}/garbage_meta", "garbage_meta/meta.json is not valid JSON", "cli"),
+    ("detour", "--data_dir {root}/meta_no_keys", "meta_no_keys/meta.json lacks dtype", ""),
+    ("detour", "--data_dir {root}/odd_bin", "odd_bin/train.bin does not hold uint16 token ids", ""),
+    ("detour", "--data_dir {root}/bad_tokenizer", "bad_tokenizer/tokenizer.json is not a tokenizer.json", ""),
+    ("prepare", "--input {root}/latin1.txt", "latin1.txt is not UTF-8 text", "cli"),
+    ("prepare", "--tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the tokenizers", ""),
+    ("prepare", "--vocab_size 0", "--vocab_size 0 must be >= 261", ""),
+    ("prepare", "--val_fraction 1", "--val_fraction 1.0 must be in (0, 1)", ""),
+    ("prepare", "--n_docs 1", "--n_docs 1 must be >= 2", ""),
+    ("prepare", "--input {root}/ok.txt --group_tokens 0", "--group_tokens 0 must be > 0", ""),
+    ("prepare", "--vocab_size many", "argument --vocab_size: invalid int value: 'many'", "cli"),
+    ("finetune", "--seeds 0", "--seeds 0 must be > 0", "cli"),
+    ("finetune", "--epochs 0", "--epochs 0 must be > 0", ""),
+    ("finetune", "--ner_epochs -1", "--ner_epochs -1 must be > 0", ""),
+    ("finetune", "--batch_size 0", "--batch_size 0 must be > 0", ""),
+    ("finetune", "--learning_rate 0", "--learning_rate 0.0 must be > 0", ""),
+    ("finetune", "--warmup_ratio 1", "--warmup_ratio 1.0 must be in [0, 1)", ""),
+    ("finetune", "--max_len 2", "--max_len 2 must be >= 3", ""),
+    ("finetune", "--pooling max", "--pooling 'max' must be one of cls | mean", ""),
+    ("finetune", "--pos_weight -1", "--pos_weight '-1' must be none | auto | a number > 0", ""),
+    ("finetune", "--analysis pca", "--analysis 'pca' must be one of \"\" | cka | drift | transplant", ""),
+    ("finetune", "--dtype fp16", "--dtype 'fp16' must be one of auto | float32 | bfloat16", ""),
+    ("finetune", "--device tpu", "--device 'tpu' must be auto | cpu | cuda | cuda:N", ""),
+    ("finetune", "--ckpts=", "--ckpts '' must be not empty", ""),
+    ("finetune", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out}", "bad_tok_ckpt/tokenizer.json is not a", ""),
+    ("finetune", "--tasks t=cls:{root}/task --ckpts {out} --seeds 1", "task/train.jsonl is not UTF-8 text", ""),
+]
+OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
+           "prepare": "--out_dir {data} --n_docs 50",
+           "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false"}
+
+
+@pytest.mark.parametrize("program,args,message,cli", ROWS)
+def test_bad_input_is_one_line_and_changes_nothing(env, program, args, message, cli):
+    before = snapshot(env["data"], env["out"])
+    argv = (OUTPUTS[program] + " " + args).format(**env).split()
+    if cli:
+        r = subprocess.run([sys.executable, os.path.join(ROOT, PROGRAMS[program][1]), *argv], cwd=env["root"],
+                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip()
+    else:
+        with pytest.raises(SystemExit) as e:
+            PROGRAMS[program][0](argv)
+        line = str(e.value.code)
+    assert line.startswith("error: ") and "\n" not in line and "; " in line and message in line, line
+    assert snapshot(env["data"], env["out"]) == before
+
+
+@pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h")])
+def test_help_lists_every_option_with_its_default_and_comment(program, flag):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, program), flag], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    options = dict(detour.DEFAULTS) if program == "detour.py" else vars(ft.Protocol()) if program == "finetune.py" \
+        else dict(vocab_size=8192, n_docs=prepare.DEFAULT_N_DOCS, val_fraction=0.005)
+    for key in options:
+        assert f"{key}" in r.stdout, key
+    if program == "detour.py":
+        assert 'dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16' in r.stdout
+        assert "# optimizer (decoupled AdamW)" in r.stdout and "---" not in r.stdout
+    if program == "finetune.py":
+        assert 'pooling: str = "mean"           # cls | mean' in r.stdout and "# protocol (paper)" in r.stdout

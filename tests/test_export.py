@@ -1,0 +1,64 @@
+"""The HF export is a complete transformers checkpoint (fill-mask pipeline, task heads, the
+tokenizer gives prepare.py's ids), and the end-of-phase samples are deterministic."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import detour
+import prepare
+
+TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
+        "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--learning_rate", "3e-3"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """data/prepare.py on 300 generated documents, a tiny clm run on it and its decay."""
+    root = str(tmp_path_factory.mktemp("export"))
+    data, clm = os.path.join(root, "data"), os.path.join(root, "clm")
+    prepare.main(["--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    detour.main(["--data_dir", data, "--out_dir", clm, "--max_tokens", "4096", *TINY])
+    detour.main(["--phase", "decay", "--init_from", clm, "--decay_tokens", "1024", "--progress", "false"])
+    return dict(data=data, clm=clm, decay=clm + "-decay")
+
+
+def test_export_works_in_transformers_pipelines(runs):
+    transformers = pytest.importorskip("transformers")
+    hf = os.path.join(runs["decay"], "hf")
+    assert {"tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"} <= set(os.listdir(hf))
+    predictions = transformers.pipeline("fill-mask", model=hf)("The patient was given [MASK] for the pain.")
+    assert len(predictions) == 5 and all("token_str" in p for p in predictions)
+    for auto in (transformers.AutoModelForTokenClassification, transformers.AutoModelForSequenceClassification):
+        model = auto.from_pretrained(hf, num_labels=3)
+        assert model(torch.tensor([[2, 100, 3]])).logits.shape[-1] == 3
+    tok = transformers.AutoTokenizer.from_pretrained(hf)
+    assert (tok.mask_token, tok.cls_token, tok.sep_token, tok.pad_token) == ("[MASK]", "[CLS]", "[SEP]", "[PAD]")
+    val = np.fromfile(os.path.join(runs["data"], "val.bin"), dtype=np.uint16).tolist()
+    with open(os.path.join(runs["data"], "val.txt")) as f:
+        first, second = f.readline().rstrip("\n"), f.readline().rstrip("\n")
+    ids = tok(first).input_ids  # [CLS] document [SEP], as prepare.py wrote it
+    assert ids == val[:len(ids)] and ids[0] == 2 and ids[-1] == 3
+    assert tok(second).input_ids == val[len(ids):len(ids) + len(tok(second).input_ids)]
+    assert tok("a [MASK] b").input_ids[1:-1] == [tok("a").input_ids[1], 4, tok(" b").input_ids[1]]
+
+
+def test_samples_are_printed_and_deterministic(runs, capsys):
+    capsys.readouterr()
+    model = detour.load_hf(os.path.join(runs["clm"], "hf")).eval()
+    ids = np.fromfile(os.path.join(runs["data"], "val.bin"), dtype=np.uint16)[:20].astype(int).tolist()
+    state = torch.get_rng_state()
+    assert detour.generate(model, ids[:8], 6) == detour.generate(model, ids[:8], 6)
+    assert len(detour.generate(model, ids[:8], 6)) == 6
+    fills = detour.fill_masks(model, ids, [3, 7, 11])
+    assert fills == detour.fill_masks(model, ids, [3, 7, 11]) and len(fills) == 3 and all(len(f) == 3 for f in fills)
+    assert torch.equal(state, torch.get_rng_state())  # no random number drawn
+    # the runs printed their samples: two greedy continuations after clm, two masked sentences after decay
+    out = []
+    for phase, extra in (("clm", ["--max_tokens", "1024"]), ("mlm", ["--max_tokens", "1024"])):
+        detour.main(["--data_dir", runs["data"], "--out_dir", os.path.join(runs["data"], "..", phase + "2"),
+                     "--phase", phase, *extra, *TINY])
+        out.append(capsys.readouterr().out)
+    assert out[0].count("sample (clm, greedy): ") == 2 and out[1].count("sample (mlm): ") == 2
+    assert out[1].count("[MASK]") == 6 and out[1].count("top-3 fills") == 2
