@@ -47,6 +47,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import detour  # noqa: E402
+from conftest import write_tiny_data  # noqa: E402  (tests/ is on sys.path: this script lives there)
 
 IGNORE = -100  # no-loss target: detour's and transformers' convention
 SPECIAL = dict(pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4)
@@ -298,26 +299,6 @@ def check_backends(report, device, smoke=False):
     free(device)
 
 
-def write_data(directory, n_train_docs=600, n_val_docs=40, vocab=256, seed=0):
-    """Toy packed documents and meta.json, as tests/conftest.py's write_tiny_data."""
-    rng = np.random.default_rng(seed)
-
-    def stream(n):
-        out = []
-        for _ in range(n):
-            a, d, length = rng.integers(5, vocab - 56), rng.integers(1, 4), rng.integers(10, 120)
-            out += [2] + [5 + (a + d * i) % (vocab - 56) for i in range(length)] + [3]
-        return np.array(out, dtype=np.uint16)
-
-    os.makedirs(directory, exist_ok=True)
-    stream(n_train_docs).tofile(os.path.join(directory, "train.bin"))
-    stream(n_val_docs).tofile(os.path.join(directory, "val.bin"))
-    with open(os.path.join(directory, "meta.json"), "w") as f:
-        json.dump(dict(vocab_size=vocab, dtype="uint16", pad_token_id=0, unk_token_id=1, cls_token_id=2,
-                       sep_token_id=3, mask_token_id=4, eos_token_id=3, tokenizer="tokenizer.json"), f)
-    return directory
-
-
 def logged_losses(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         return [r["loss"] for r in map(json.loads, f) if "loss" in r]
@@ -327,7 +308,7 @@ def check_training_run(report, device, workdir, compile_=True):
     """detour.main on this device, one process: bf16, --compile, --attn_backend flex (the GPU
     training path: autocast, fused AdamW, compile, FlexAttention, eval, checkpoint, HF export)
     against the same run eager with sdpa; then the export loads back."""
-    data = write_data(os.path.join(workdir, "data"))
+    data = write_tiny_data(os.path.join(workdir, "data"))
     base = ["--data_dir", data, "--phase", "clm", "--preset", "tiny", "--seq_len", "256", "--batch_size", "4",
             "--global_batch_size", "8", "--max_tokens", str(6 * 8 * 256), "--learning_rate", "1e-3",
             "--warmup_tokens", "2048", "--progress", "false", "--log_interval", "1", "--eval_interval", "1000",
@@ -542,7 +523,7 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
 # ----------------------------------------------------------------------------------------
 def check_ddp(report, device_type, workdir, nproc=2, dtypes=("float32", "bfloat16"), preset="small", seq_len=256):
     """torchrun with 1 and with `nproc` processes, the same global batch: the same loss curve."""
-    data = write_data(os.path.join(workdir, "data"))
+    data = write_tiny_data(os.path.join(workdir, "data"))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     steps, per_rank = 8, 8
     for dtype in dtypes:
