@@ -773,7 +773,6 @@ def train(cfg):
         if last_step and run.master:
             save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
             print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
-            print_samples(cfg, run)
         # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
         if stop_requested(run):
             save_run(cfg, run, step, tokens)
@@ -784,6 +783,8 @@ def train(cfg):
     bar.close()
     if run.world > 1:
         dist.destroy_process_group()
+    if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits on these
+        print_samples(cfg, run)
     return run.raw_model
 
 
