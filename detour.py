@@ -591,11 +591,13 @@ def make_batch(cfg, buf, config, n_real_vocab, sample):
     return x, y, phase.causal
 
 
-def unigram_log_probs(data, vocab_size, cap=50_000_000):
-    """log p(token) of the train stream's unigram (add-one smoothed; the first `cap` tokens):
+def unigram_log_probs(counts, vocab_size):
+    """log p(token) of the train stream's unigram from its token counts (add-one smoothed):
     the baseline every loss is read against."""
-    counts = torch.from_numpy(np.bincount(np.asarray(data[:cap]), minlength=vocab_size)[:vocab_size]).double() + 1
-    return (counts / counts.sum()).log().float()
+    padded = np.zeros(vocab_size)
+    padded[:len(counts)] = counts[:vocab_size]
+    smoothed = torch.from_numpy(padded) + 1
+    return (smoothed / smoothed.sum()).log().float()
 
 
 # ----------------------------------------------------------------------------------------
@@ -672,7 +674,8 @@ def setup(cfg):
     _, val_data = load_data(cfg.data_dir, "val")
     raw_model, ckpt = build_model(cfg, meta)
     config = raw_model.config
-    hi = int(train_data.max()) if len(train_data) < 50_000_000 else int(train_data[:50_000_000].max())
+    counts = np.bincount(np.asarray(train_data[:50_000_000]))  # one pass: the vocabulary check and the unigram
+    hi = len(counts) - 1
     if hi >= config.vocab_size or hi >= meta["vocab_size"]:
         fail(f"token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
              f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
@@ -701,7 +704,7 @@ def setup(cfg):
         accum=cfg.global_batch_size // (cfg.batch_size * world), tokens_per_step=tokens_per_step,
         total_steps=max(1, math.ceil(start["budget"] / tokens_per_step)),
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
-        unigram_logp=unigram_log_probs(train_data, config.vocab_size), peak_flops=device_peak_flops(device),
+        unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
         flops_per_token=model_flops_per_token(config, cfg.seq_len, PHASES[cfg.phase].causal, predicted_fraction(cfg)),
         tokenizer=tokenizer if os.path.exists(tokenizer) else None, signal=None)
     for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
