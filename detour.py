@@ -1,16 +1,13 @@
 """
 detour.py: continued pretraining of a ModernBERT encoder with a Causal LM detour.
 
-The paper ("A Causal Language Modeling Detour Improves Encoder Continued Pretraining")
-adapts an encoder to a new domain in two phases at a fixed token budget:
+The paper ("A Causal Language Modeling Detour Improves Encoder Continued Pretraining") adapts
+an encoder to a new domain in two phases at a fixed token budget:
   Phase 1  --phase clm    causal attention mask, next-token loss at every position
            --phase mlm    (the baseline twin) bidirectional, 30% masking
   Phase 2  --phase decay  bidirectional MLM at 15%, ~10% of the Phase-1 tokens,
                           LR 1-sqrt cooldown from peak to 10% of peak, AdamW state kept.
 The two twins differ only in the Phase-1 objective: same data, same order, same schedule.
-
-One file: the model (parameter names identical to Hugging Face ModernBertForMaskedLM),
-HF-format import/export, data loading, the training loop (single process or torchrun DDP).
 
   python data/prepare.py                                   # embedded default corpus
   torchrun --standalone --nproc_per_node=1 detour.py --phase clm
@@ -18,18 +15,11 @@ HF-format import/export, data loading, the training loop (single process or torc
 
 Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy
 of this file as out_dir/detour.py: an ablation made by editing a constant stays reproducible.
-Sections: 1 constants, 2 the phases, 3 the model, 4 objectives and data windows, 5 optimizer
-and schedule, 6 the training loop, 7 plumbing (files, HF format, FLOPs, DDP, CLI, resume, main).
+Sections: 1 constants, 2 the phases, 3 the model (parameter names as HF's ModernBertForMaskedLM),
+4 objectives and data windows, 5 optimizer and schedule, 6 the training loop, 7 plumbing
+(files, HF format, FLOPs, DDP, CLI, resume, main).
 """
-import functools
-import json
-import math
-import os
-import re
-import signal
-import sys
-import time
-import warnings
+import functools, json, math, os, re, signal, sys, time, warnings  # noqa: E401
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from types import SimpleNamespace
@@ -43,11 +33,9 @@ from tokenizers import Tokenizer, processors
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-
 # ----------------------------------------------------------------------------------------
 # 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
 # default run fit a 2-core CPU in a few minutes.
-# ----------------------------------------------------------------------------------------
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
 preset = "small"           # model shape when init_from=scratch: tiny | small | base | large
 init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir | resume
@@ -93,9 +81,7 @@ progress = True            # tqdm bar
 # The constants above, as the run's configuration (the command line overrides a copy).
 DEFAULTS = {k: v for k, v in dict(globals()).items()
             if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-
-PRESETS = {
-    # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
+PRESETS = {  # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
     "tiny": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2),
     "small": dict(hidden_size=128, intermediate_size=192, num_hidden_layers=6, num_attention_heads=2),
     "base": dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12),
@@ -105,9 +91,8 @@ IGNORE = -100  # target value that carries no loss
 
 
 # ----------------------------------------------------------------------------------------
-# 2. The phases: one entry per row of the README's objectives table. Everything that
-# differs between phases is read from here; cfg.phase only picks the entry.
-# ----------------------------------------------------------------------------------------
+# 2. The phases: one entry per row of the README's objectives table. Everything that differs
+# between phases is read from here; cfg.phase only picks the entry.
 @dataclass(frozen=True)
 class Phase:
     causal: bool                       # attention mask: causal (the detour) or bidirectional
@@ -132,7 +117,6 @@ PHASES = {
 
 # ----------------------------------------------------------------------------------------
 # 3. The model. Names mirror transformers' ModernBertForMaskedLM so state dicts are identical.
-# ----------------------------------------------------------------------------------------
 @dataclass
 class Config:
     vocab_size: int = 50368
@@ -170,8 +154,6 @@ class Config:
         return [self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id, self.unk_token_id]
 
 
-
-
 def rope_cos_sin(theta, head_dim, T, device):
     """Rotate-half (NeoX) RoPE tables over the full head_dim, computed in fp32."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
@@ -182,20 +164,15 @@ def rope_cos_sin(theta, head_dim, T, device):
 
 def apply_rope(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return (x.float() * cos + torch.cat((-x2, x1), dim=-1).float() * sin).to(x.dtype)
 
 
 def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
-    """True where the query at position qi of row b may attend to the key at position kj.
-
-    b, qi, kj are integer tensors that broadcast together; keys outside [0, T) are never seen.
-    One predicate for every attention path: the dense mask of the global layers, the block
-    mask of the sliding-window layers, and flex_attention's mask_mod.
-    The one place where the CLM detour differs from MLM in the model: `causal` adds kj <= qi.
-    A local token sees |qi - kj| <= window (64 for a 128 window); with `causal` that is itself
-    and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder twin uses 63).
-    """
+    """True where the query at position qi of row b may attend to the key at kj (integer tensors that
+    broadcast; keys outside [0, T) are never seen). The one predicate of every attention path: the
+    dense mask, the sliding-window block mask and flex_attention's mask_mod. The CLM detour is
+    `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
+    is itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
     ok = (kj >= 0) & (kj < T)
     if causal:
         ok = ok & (kj <= qi)
@@ -227,14 +204,11 @@ def block_sliding_mask(B, T, device, causal, window, attention_mask=None, doc_id
 
 
 def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
-    """Sliding-window attention in O(T x window) instead of O(T^2), on (B, H, T, D) tensors.
-
-    Queries are cut into blocks of `window` positions (local_attention // 2 = 64). Block b
-    attends to the keys of blocks b-1, b, b+1 (b-1, b when causal): they hold every key within
-    `window` of its queries, and the mask from block_sliding_mask keeps exactly those, so the
-    result equals dense attention under the sliding-window mask. The blocks become the batch
-    of one SDPA call: 3 x 64 keys per query (2 x 64 when causal) instead of T.
-    """
+    """Sliding-window attention in O(T x window), not O(T^2), on (B, H, T, D) tensors. Queries are cut
+    into blocks of `window` positions; block b attends to the keys of blocks b-1, b, b+1 (b-1, b when
+    causal), which hold every key within `window` of its queries, and block_sliding_mask keeps exactly
+    those: the result equals dense attention under the window mask. The blocks become the batch of one
+    SDPA call with 3 x 64 keys per query (2 x 64 when causal) instead of T."""
     B, H, T, D = q.shape
     n, nb = -(-T // window), 2 if causal else 3
     pad = n * window - T
@@ -259,47 +233,39 @@ def flex_block_mask(B, T, device, causal, window=None, attention_mask=None, doc_
 
 @functools.cache  # flex_attention is fast only compiled: compile it once per process
 def compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # optional: torch >= 2.5
+    except ImportError:
+        return None
     return torch.compile(flex_attention)
 
 
 def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
-    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors. The masks are built
-    here, once per forward, and shared by all the layers of a kind. backend: "sdpa" (local
-    layers by block_sliding_attention), "flex" (CUDA: FlexAttention with block-sparse masks),
-    or "dense_window" (local layers as dense SDPA under the T x T window mask: the O(T^2)
-    reference, for the benchmark's ablation)."""
-    half = config.local_attention // 2
+    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward
+    and shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), flex
+    (CUDA: FlexAttention, block-sparse masks), dense_window (local layers under the dense T x T window
+    mask: the O(T^2) reference of the benchmark's ablation)."""
+    half, masks = config.local_attention // 2, (attention_mask, doc_ids)
+    if backend == "flex" and (device.type != "cuda" or dropout > 0 or compiled_flex_attention() is None):
+        warnings.warn("attn_backend=flex needs torch >= 2.5, a CUDA device (no flex backward on CPU) "
+                      "and attention_dropout 0; using sdpa")
+        backend = "sdpa"
     if backend == "flex":
-        try:
-            from torch.nn.attention.flex_attention import flex_attention  # optional: torch >= 2.5
-        except ImportError:
-            flex_attention = None
-        if flex_attention is None or device.type != "cuda" or dropout > 0:
-            warnings.warn("attn_backend=flex needs torch >= 2.5, a CUDA device (no flex backward on CPU) "
-                          "and attention_dropout 0; using sdpa")
-            backend = "sdpa"
-    if backend == "flex":
-        flex = compiled_flex_attention()
-        masks = {"full_attention": flex_block_mask(B, T, device, causal, None, attention_mask, doc_ids),
-                 "sliding_attention": flex_block_mask(B, T, device, causal, half, attention_mask, doc_ids)}
-        return {kind: (lambda q, k, v, m=m: flex(q, k, v, block_mask=m)) for kind, m in masks.items()}
-
-    full_mask = None  # no per-row mask: SDPA's own causal flag, no T x T tensor
+        flex, windows = compiled_flex_attention(), {"full_attention": None, "sliding_attention": half}
+        block_masks = {kind: flex_block_mask(B, T, device, causal, w, *masks) for kind, w in windows.items()}
+        return {kind: (lambda q, k, v, m=m: flex(q, k, v, block_mask=m)) for kind, m in block_masks.items()}
+    full_mask = None  # without padding or documents: SDPA's own causal flag, no T x T tensor
     if attention_mask is not None or doc_ids is not None:
-        full_mask = dense_mask(B, T, device, causal, None, attention_mask, doc_ids)
-
-    def full(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=dropout,
-                                              is_causal=causal and full_mask is None)
-
+        full_mask = dense_mask(B, T, device, causal, None, *masks)
     if backend == "dense_window":
-        window_mask = dense_mask(B, T, device, causal, half, attention_mask, doc_ids)
-        return {"full_attention": full, "sliding_attention": lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=window_mask, dropout_p=dropout)}
-    local_mask = block_sliding_mask(B, T, device, causal, half, attention_mask, doc_ids)
-    return {"full_attention": full,
-            "sliding_attention": lambda q, k, v: block_sliding_attention(q, k, v, local_mask, half, causal, dropout)}
+        window_mask = dense_mask(B, T, device, causal, half, *masks)
+        local = functools.partial(F.scaled_dot_product_attention, attn_mask=window_mask, dropout_p=dropout)
+    else:
+        local = functools.partial(block_sliding_attention, mask=block_sliding_mask(B, T, device, causal, half, *masks),
+                                  window=half, causal=causal, dropout=dropout)
+    return {"full_attention": functools.partial(F.scaled_dot_product_attention, attn_mask=full_mask, dropout_p=dropout,
+                                                is_causal=causal and full_mask is None),
+            "sliding_attention": local}
 
 
 class Embeddings(nn.Module):
@@ -321,12 +287,10 @@ class Attention(nn.Module):
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.out_drop = nn.Dropout(config.attention_dropout)
 
-    def forward(self, x, rope, attend):
-        """attend(q, k, v): this layer kind's attention, from attention_fns."""
+    def forward(self, x, rope, attend):  # attend(q, k, v): this layer kind's attention, from attention_fns
         B, T, _ = x.shape
         q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = attend(q, k, v)
+        y = attend(apply_rope(q, *rope), apply_rope(k, *rope), v)
         return self.out_drop(self.Wo(y.transpose(1, 2).reshape(B, T, -1)))
 
 
@@ -400,11 +364,10 @@ class Head(nn.Module):
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding
-    all N x V of them. Rows go through in chunks; each chunk's gradient (softmax - one-hot)
-    becomes the gradients of h, weight and bias right away, in the forward pass, and backward
-    only scales them. Training needs the loss, not the logits: this saves the N x V logits,
-    log-probabilities and their gradient, and the passes over them."""
+    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V
+    of them: training needs the loss, not the logits. Rows go through in chunks; each chunk's gradient
+    (softmax - one-hot) becomes the gradients of h, weight and bias right away, in the forward pass,
+    and backward only scales them."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, chunk=1024):
@@ -469,15 +432,11 @@ class ModernBERT(nn.Module):
                 nn.init.ones_(module.weight)
 
     def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, return_logits=None):
-        """Returns (logits, loss).
-
-        Without targets: dense logits (B, T, V), loss None.
-        With targets (B, T; IGNORE = no loss): the head runs only on supervised positions
-        (sparse prediction: for MLM that is 15-30% of tokens) and logits are (N, V) for those;
-        with return_logits False (the default in training mode) logits is None and the loss
-        comes from LinearCrossEntropy, which never materializes them.
-        CLM and MLM share this code: the caller decides `causal` and what the targets are.
-        """
+        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T;
+        IGNORE = no loss) the head runs only on the supervised positions (sparse prediction: 15-30% of
+        tokens for MLM) and logits are (N, V), or None when return_logits is False (the default in
+        training): LinearCrossEntropy then never builds them. CLM and MLM share this code: the caller
+        decides `causal` and the targets."""
         h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids)
         if targets is None:
             return self.decoder(self.head(h)), None
@@ -495,16 +454,16 @@ class ModernBERT(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# 4. Objectives and data windows. A packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...)
-# is cut into windows. The order is a pure function of (data_seed, sample index): the CLM and
-# MLM twins see the same windows in the same order, a resumed run continues exactly, and 1
-# or N ranks with the same global batch see the same rows.
-# ----------------------------------------------------------------------------------------
+# 4. Objectives and data windows. A packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...) is
+# cut into windows. The order is a pure function of (data_seed, sample index): the CLM and MLM
+# twins see the same windows in the same order, a resumed run continues exactly, and 1 or N ranks
+# with the same global batch see the same rows.
 def document_ids(idx, sep_token_id):
-    """Document index of every token in a packed stream: [SEP] closes a document, so a
-    token's id counts the [SEP]s strictly before it."""
+    """Document index of every token in a packed stream: [SEP] closes a document, so a token's
+    id counts the [SEP]s strictly before it."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
+
 
 def load_data(data_dir, split):
     meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
@@ -529,8 +488,7 @@ class Windows:
         self.data, self.T, self.seed = data, seq_len, data_seed
         self.n = (len(data) - 1) // seq_len
         if self.n < 1:
-            fail(f"{len(data)} tokens cannot fill one window of seq_len={seq_len}; "
-                             "prepare more data or lower --seq_len")
+            fail(f"{len(data)} tokens cannot fill one window of seq_len={seq_len}; prepare more data or lower --seq_len")
         self._epoch, self._perm = None, None
 
     def rows(self, first_sample, count):
@@ -546,17 +504,17 @@ class Windows:
 
 
 def clm_batch(buf, sep_id):
-    """Causal LM: predict the next token at every position, except across a document
-    boundary (a [SEP] predicts nothing: the next document is unrelated)."""
+    """Causal LM: predict the next token at every position, except across a document boundary
+    (a [SEP] predicts nothing: the next document is unrelated)."""
     x, y = buf[:, :-1], buf[:, 1:].clone()
     y[x == sep_id] = IGNORE
     return x, y
 
 
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
-    """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept);
-    loss only there. Unlike FlexBERT, special tokens are never chosen nor used as random
-    replacements, and every document in the window gets at least one prediction."""
+    """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept); loss
+    only there. Unlike FlexBERT, special tokens are never chosen nor used as random replacements,
+    and every document in the window gets at least one prediction."""
     x = buf[:, :-1]
     special = torch.isin(x, torch.tensor(config.special_ids))
     score = torch.rand(x.shape, generator=gen)
@@ -592,8 +550,8 @@ def make_batch(cfg, buf, config, n_real_vocab, sample):
 
 
 def unigram_log_probs(counts, vocab_size):
-    """log p(token) of the train stream's unigram from its token counts (add-one smoothed):
-    the baseline every loss is read against."""
+    """log p(token) of the train stream's unigram from its token counts (add-one smoothed): the
+    baseline every loss is read against."""
     padded = np.zeros(vocab_size)
     padded[:len(counts)] = counts[:vocab_size]
     smoothed = torch.from_numpy(padded) + 1
@@ -602,7 +560,6 @@ def unigram_log_probs(counts, vocab_size):
 
 # ----------------------------------------------------------------------------------------
 # 5. Optimizer and schedule
-# ----------------------------------------------------------------------------------------
 def torch_weight_decay(cfg):
     """The paper's *fully decoupled* weight decay for torch's AdamW. FlexBERT applies
     p *= 1 - (lr_t / peak_lr) * wd; torch's AdamW applies p *= 1 - lr_t * wd_torch, so
@@ -611,11 +568,12 @@ def torch_weight_decay(cfg):
 
 
 def make_optimizer(model, cfg, fused=False):
-    """AdamW with decoupled weight decay (torch_weight_decay). Biases and norms are not decayed."""
+    """AdamW with decoupled weight decay (torch_weight_decay); biases and norms are not decayed.
+    Frozen parameters are in the groups too (they get no grad, so AdamW skips them): the groups stay
+    the same across phases, and a decay can load the state of a run with other frozen layers."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():  # frozen ones too: they get no grad, so AdamW skips
-        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)  # them, and the groups
-        # stay the same across phases (a decay can load the state of a run with other frozen layers)
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": torch_weight_decay(cfg)}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              fused=fused or None)
@@ -635,29 +593,34 @@ def lr_at(cfg, tokens, total, step_tokens=0):
 
 # ----------------------------------------------------------------------------------------
 # 6. Training: setup() gathers the run's state, train() is the loop.
-# ----------------------------------------------------------------------------------------
+def batch_loss(model, cfg, run, buf, sample, return_logits=None):
+    """The phase's batch from the windows `buf` (masks seeded by `sample`) through the model ->
+    (targets, logits, loss)."""
+    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
+    doc_ids = document_ids(x, run.config.sep_token_id).to(run.device) if cfg.doc_mask else None
+    with run.amp:
+        logits, loss = model(x.to(run.device), y.to(run.device), causal=causal, doc_ids=doc_ids,
+                             return_logits=return_logits)
+    return y, logits, loss
+
+
 @torch.no_grad()
-def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_logp):
-    """The phase's objective on a fixed set of validation windows (the same every time, masks
-    seeded by the window index), averaged over all ranks -> dict(loss, acc, unigram): the
-    loss, the share of targets predicted exactly (argmax), and the loss of the train-set
-    unigram on the same targets, the baseline every loss is read against."""
+def evaluate(model, cfg, run):
+    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded
+    by the window index), averaged over ranks -> dict(loss, acc, unigram): the loss, the share of
+    targets predicted exactly (argmax), and the loss of the train-set unigram on the same targets."""
     model.eval()
-    device = next(model.parameters()).device
-    n = max(1, min(val.n, cfg.eval_tokens // cfg.seq_len))
+    n, T = max(1, min(run.val.n, cfg.eval_tokens // cfg.seq_len)), cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
-    for first in range(rank * cfg.batch_size, n, world * cfg.batch_size):
+    for first in range(run.rank * cfg.batch_size, n, run.world * cfg.batch_size):
         k = min(cfg.batch_size, n - first)
-        buf = torch.from_numpy(np.stack([val.data[i * cfg.seq_len:(i + 1) * cfg.seq_len + 1].astype(np.int64)
+        buf = torch.from_numpy(np.stack([run.val.data[i * T:(i + 1) * T + 1].astype(np.int64)
                                          for i in range(first, first + k)]))
-        x, y, causal = make_batch(cfg, buf, config, n_real_vocab, sample=10**9 + first)
-        doc_ids = document_ids(x, config.sep_token_id).to(device) if cfg.doc_mask else None
-        with amp:
-            logits, loss = model(x.to(device), y.to(device), causal=causal, return_logits=True, doc_ids=doc_ids)
+        y, logits, loss = batch_loss(model, cfg, run, buf, 10**9 + first, return_logits=True)
         t = y[y != IGNORE]
         acc = (logits.argmax(-1).cpu() == t).float().mean().item()
-        total += torch.tensor([loss.item() * k, acc * k, -unigram_logp[t].mean().item() * k, k])
-    if world > 1:
+        total += torch.tensor([loss.item() * k, acc * k, -run.unigram_logp[t].mean().item() * k, k])
+    if run.world > 1:
         dist.all_reduce(total)
     model.train()
     return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
@@ -666,8 +629,8 @@ def evaluate(model, cfg, val, config, n_real_vocab, rank, world, amp, unigram_lo
 
 def setup(cfg):
     """The run's state, one namespace: the model (raw_model; model, wrapped for compile/DDP),
-    optimizer, data windows, where the run starts (step, tokens, sample0: see start_point),
-    its budget in tokens and steps, ranks, precision, FLOPs for MFU, the open log."""
+    optimizer, data windows, where the run starts (step, tokens, sample0: see start_point), its
+    budget in tokens and steps, ranks, precision, FLOPs for MFU, the open log."""
     rank, world, device = setup_distributed(cfg)
     torch.manual_seed(cfg.seed)
     meta, train_data = load_data(cfg.data_dir, "train")
@@ -675,9 +638,8 @@ def setup(cfg):
     raw_model, ckpt = build_model(cfg, meta)
     config = raw_model.config
     counts = np.bincount(np.asarray(train_data[:50_000_000]))  # one pass: the vocabulary check and the unigram
-    hi = len(counts) - 1
-    if hi >= config.vocab_size or hi >= meta["vocab_size"]:
-        fail(f"token id {hi} in {cfg.data_dir}/train.bin is outside the vocabulary "
+    if len(counts) > min(config.vocab_size, meta["vocab_size"]):
+        fail(f"token id {len(counts) - 1} in {cfg.data_dir}/train.bin is outside the vocabulary "
              f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
     frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
     for i in frozen:  # the paper's freeze interventions: these layers keep their weights
@@ -687,8 +649,8 @@ def setup(cfg):
     optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
-        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of "
-             f"batch_size x ranks = {cfg.batch_size * world}; change --global_batch_size or --batch_size")
+        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size x ranks = "
+             f"{cfg.batch_size * world}; change --global_batch_size or --batch_size")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
     model = torch.compile(raw_model) if cfg.compile else raw_model
     if world > 1:
@@ -716,7 +678,7 @@ def setup(cfg):
 def train(cfg):
     """Train one phase: an optimizer step per iteration until the phase's token budget is spent."""
     run = setup(cfg)
-    model, optimizer, config, step, tokens = run.model, run.optimizer, run.config, run.step, run.tokens
+    model, optimizer, step, tokens = run.model, run.optimizer, run.step, run.tokens
     bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress), dynamic_ncols=True)
     model.train()
     t0, tok0 = time.time(), tokens
@@ -729,11 +691,8 @@ def train(cfg):
         loss_sum = torch.zeros(1)
         for micro in range(run.accum):
             first = run.sample0 + step * cfg.global_batch_size + (micro * run.world + run.rank) * cfg.batch_size
-            x, y, causal = make_batch(cfg, run.windows.rows(first, cfg.batch_size), config, run.n_real_vocab, first)
-            doc_ids = document_ids(x, config.sep_token_id).to(run.device) if cfg.doc_mask else None
             with nullcontext() if run.world == 1 or micro == run.accum - 1 else model.no_sync():
-                with run.amp:
-                    _, loss = model(x.to(run.device), y.to(run.device), causal=causal, doc_ids=doc_ids)
+                loss = batch_loss(model, cfg, run, run.windows.rows(first, cfg.batch_size), first)[2]
                 (loss / run.accum).backward()
             loss_sum += loss.detach().float().cpu() / run.accum
         # the loss averaged over ranks; a diverged run stops, its last good checkpoint kept
@@ -751,26 +710,26 @@ def train(cfg):
         step, tokens = step + 1, tokens + run.tokens_per_step
         bar.update(1)
         last_step = step == run.total_steps
-        # every log_interval steps: training loss, lr, speed and MFU
+        # every log_interval steps: training loss, lr, speed and MFU (against this device's bf16 peak)
         record = None
         if step % cfg.log_interval == 0 or last_step:
             record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
                           tok_per_s=round((tokens - tok0) / max(time.time() - t0, 1e-9)))
-            if run.peak_flops:  # model FLOPs utilization against this device's bf16 peak
+            if run.peak_flops:
                 record["mfu"] = round(record["tok_per_s"] * run.flops_per_token / (run.peak_flops * run.world), 4)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
-        # every eval_interval steps: the validation loss
+        # every eval_interval steps: the validation loss, next to the unigram's on the same targets
         if step % cfg.eval_interval == 0 or last_step:
-            record = record or dict(step=step, tokens=tokens, lr=lr)
-            ev = evaluate(model, cfg, run.val, config, run.n_real_vocab, run.rank, run.world, run.amp, run.unigram_logp)
-            record.update(val_loss=round(ev["loss"], 5), val_acc=round(ev["acc"], 5), val_unigram=round(ev["unigram"], 5))
+            ev = evaluate(model, cfg, run)
+            record = {**(record or dict(step=step, tokens=tokens, lr=lr)),
+                      **{f"val_{k}": round(v, 5) for k, v in ev.items()}}
             if run.master:
                 bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
                           f"accuracy {ev['acc']:.4f}")
         if record and run.master:
             run.log.write(json.dumps(record) + "\n")
             run.log.flush()
-        # every ckpt_interval steps: a checkpoint; at the last step also the HF export
+        # every ckpt_interval steps and at the end: a checkpoint; at the last step also the HF export
         if step % cfg.ckpt_interval == 0 or last_step:
             save_run(cfg, run, step, tokens)
         if last_step and run.master:
@@ -809,12 +768,13 @@ def fill_masks(model, ids, positions, k=3):
 
 
 def print_samples(cfg, run, n=2, length=32):
-    """The end of a phase made visible (nanoGPT's sample.py) on the first n validation documents: a greedy
-    continuation in causal mode after clm, three masked tokens and the model's top-3 fills after mlm and
-    decay. In fp32 with sdpa attention (any device); draws no random numbers; ids without a tokenizer."""
+    """The end of a phase made visible (nanoGPT's sample.py) on the first n validation documents: a
+    greedy continuation in causal mode after clm, three masked tokens and the model's top-3 fills after
+    mlm and decay. In fp32 with sdpa attention (any device); no random draws; ids without a tokenizer."""
     tok = load_tokenizer(run.tokenizer) if run.tokenizer else None
+    piece = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}")
     model, backend = run.raw_model.eval(), run.raw_model.model.attn_backend
-    piece, model.model.attn_backend = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}"), "sdpa"
+    model.model.attn_backend = "sdpa"
     stream = np.asarray(run.val.data[:100_000]).astype(np.int64)
     for ids in [d[:length].tolist() for d in np.split(stream, np.flatnonzero(stream == run.config.sep_token_id) + 1)
                 if len(d) >= 12][:n]:  # [CLS] document ([SEP])
@@ -832,9 +792,8 @@ def print_samples(cfg, run, n=2, length=32):
 
 
 # ----------------------------------------------------------------------------------------
-# 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command
-# line, then checkpoints with every resume and inheritance rule, and main.
-# ----------------------------------------------------------------------------------------
+# 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command line,
+# then checkpoints with every resume and inheritance rule, and main.
 def fail(message):
     """A user's mistake, the project's one error style: `error: <what>; <how to fix it>` on one
     line, exit status 1, no traceback."""
@@ -842,8 +801,8 @@ def fail(message):
 
 
 def atomic_write(path, write_fn):
-    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync,
-    rename: readers never see a half-written file, and a crash keeps the previous one."""
+    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync, rename:
+    readers never see a half-written file, and a crash keeps the previous one."""
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -876,10 +835,10 @@ def load_tokenizer(path):
              "use the one data/prepare.py wrote")
 
 
-# Hugging Face format: config.json + model.safetensors, read and written with a few lines
+# The Hugging Face format: config.json + model.safetensors, read and written with a few lines
 # (an 8-byte header length, a JSON header, raw little-endian tensor bytes).
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
+ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
 
 
 def read_safetensors(path):
@@ -890,20 +849,17 @@ def read_safetensors(path):
         header = json.loads(raw[8:8 + n])
     except (ValueError, UnicodeDecodeError):
         fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
-    base, out = 8 + n, {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        if base + end > len(raw) or info["dtype"] not in _ST_DTYPES:
+    out = {}
+    for name, info in ((k, v) for k, v in header.items() if k != "__metadata__"):
+        start, end = (8 + n + offset for offset in info["data_offsets"])
+        if end > len(raw) or info["dtype"] not in ST_DTYPES:
             fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
-        t = torch.frombuffer(bytearray(raw[base + start:base + end]), dtype=_ST_DTYPES[info["dtype"]])
-        out[name] = t.reshape(info["shape"])
+        out[name] = torch.frombuffer(bytearray(raw[start:end]), dtype=ST_DTYPES[info["dtype"]]).reshape(info["shape"])
     return out
 
 
 def write_safetensors(tensors, path):
-    names = {v: k for k, v in _ST_DTYPES.items()}
+    names = {v: k for k, v in ST_DTYPES.items()}
     header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
     for name, t in tensors.items():
         b = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
@@ -915,39 +871,35 @@ def write_safetensors(tensors, path):
     atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
 
 
-
 def config_from_hf(d):
-    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the
-    newer (layer_types, rope_parameters) form."""
+    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the newer
+    (layer_types, rope_parameters) form."""
     if d.get("model_type") != "modernbert":
         fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
-                         "detour loads ModernBERT checkpoints only")
-    kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
-    rp = d.get("rope_parameters") or {}
-    if "full_attention" in rp:
-        kw["global_rope_theta"] = rp["full_attention"].get("rope_theta", Config.global_rope_theta)
-    if "sliding_attention" in rp:
-        kw["local_rope_theta"] = rp["sliding_attention"].get("rope_theta", Config.local_rope_theta)
+             "detour loads ModernBERT checkpoints only")
     for bad in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias"):
         if d.get(bad):
             fail(f"config.json sets {bad}=true; detour's ModernBERT has no biases there")
     if d.get("hidden_activation", "gelu") != "gelu":
-        fail(f"config.json hidden_activation is not 'gelu'; unsupported")
+        fail("config.json hidden_activation is not 'gelu'; unsupported")
+    kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
+    for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+        if kind in (d.get("rope_parameters") or {}):
+            kw[key] = d["rope_parameters"][kind].get("rope_theta", getattr(Config, key))
     return Config(**kw)
 
 
 def config_to_hf(config):
-    d = asdict(config)
-    d.update(model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-             bos_token_id=config.cls_token_id, eos_token_id=config.sep_token_id,
-             hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
-             attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
-             tie_word_embeddings=True, initializer_cutoff_factor=2.0,
-             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": config.global_rope_theta},
-                              "sliding_attention": {"rope_type": "default", "rope_theta": config.local_rope_theta}})
-    for k in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers"):
-        d.pop(k)  # layer_types and rope_parameters carry these (the newer config.json form)
-    return d
+    d = {k: v for k, v in asdict(config).items()  # layer_types and rope_parameters carry the others
+         if k not in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers")}
+    return dict(d, model_type="modernbert", architectures=["ModernBertForMaskedLM"],
+                bos_token_id=config.cls_token_id, eos_token_id=config.sep_token_id,
+                hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
+                attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
+                tie_word_embeddings=True, initializer_cutoff_factor=2.0,
+                rope_parameters={kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in
+                                 (("full_attention", config.global_rope_theta),
+                                  ("sliding_attention", config.local_rope_theta))})
 
 
 def load_hf(directory):
@@ -956,27 +908,24 @@ def load_hf(directory):
     for p in (cfg_path, st_path):
         if not os.path.exists(p):
             fail(f"{p} not found; point at a directory with config.json and model.safetensors")
-    config = config_from_hf(read_json(cfg_path, fix="re-export or re-download it"))
-    model = ModernBERT(config)
+    model = ModernBERT(config_from_hf(read_json(cfg_path, fix="re-export or re-download it")))
     sd = read_safetensors(st_path)
     sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        fail(f"{st_path} does not match a ModernBertForMaskedLM: "
-                         f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        fail(f"{st_path} does not match a ModernBertForMaskedLM: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model
 
 
 def save_hf(model, directory, tokenizer_path=None):
-    """Write config.json + model.safetensors (and tokenizer.json) loadable by
-    transformers.AutoModelForMaskedLM.from_pretrained."""
+    """Write config.json + model.safetensors (and the tokenizer files) loadable by transformers'
+    AutoModelForMaskedLM, AutoTokenizer and pipeline("fill-mask")."""
     model = getattr(model, "_orig_mod", model)
     os.makedirs(directory, exist_ok=True)
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
     write_safetensors(sd, os.path.join(directory, "model.safetensors"))
-    text = json.dumps(config_to_hf(model.config), indent=2).encode()
-    atomic_write(os.path.join(directory, "config.json"), lambda f: f.write(text))
-    for name, text in (hf_tokenizer_files(model.config, tokenizer_path) if tokenizer_path else {}).items():
+    files = {"config.json": json.dumps(config_to_hf(model.config), indent=2)}
+    for name, text in {**files, **(hf_tokenizer_files(model.config, tokenizer_path) if tokenizer_path else {})}.items():
         atomic_write(os.path.join(directory, name), lambda f: f.write(text.encode()))
 
 
@@ -1003,14 +952,12 @@ def hf_tokenizer_files(config, tokenizer_path):
 
 # Model FLOPs, for MFU
 def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
-    """Model FLOPs per token of a training step (forward + backward = 3 x forward; a
-    multiply-add is 2 FLOPs), from the shapes alone, for MFU. Per layer: Wqkv 3d^2, Wo d^2,
-    MLP Wi 2dI and Wo Id, and attention 2d per key (scores, then the weighted sum of values):
-    T keys in a global layer, min(T, local_attention + 1) in a local one, half of that when
-    causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens: the
-    masking rate for MLM's sparse prediction. Norms, activations and softmax are left out."""
-    T = seq_len
-    d, inter = config.hidden_size, config.intermediate_size
+    """Model FLOPs per token of a training step (forward + backward = 3 x forward, a multiply-add is
+    2 FLOPs) from the shapes. Per layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id, and attention 2d per
+    key (scores, then values): T keys in a global layer, min(T, local_attention + 1) in a local one,
+    half when causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens (MLM's
+    sparse prediction). Norms, activations and softmax are left out."""
+    d, inter, T = config.hidden_size, config.intermediate_size, seq_len
     keys = {"full_attention": T, "sliding_attention": min(T, config.local_attention + 1)}
     forward = 0.0
     for kind in config.layer_types:
@@ -1030,31 +977,25 @@ PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, 
 
 def device_peak_flops(device):
     """bf16 peak FLOP/s of `device` (for MFU), or None on CPU and on GPUs not in the table."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     words = torch.cuda.get_device_name(device).replace("-", " ").split()
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if all(w in words for w in key.split()):
-            return flops
-    return None
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if all(w in words for w in key.split())), None)
 
 
 # Distributed: torchrun, and stopping together
 def setup_distributed(cfg):
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through torchrun's own flags."""
-    if cfg.device == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        dev = cfg.device
+    """-> (rank, world, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through
+    torchrun's own flags."""
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1, torch.device(dev)
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     if dev.startswith("cuda"):
         torch.cuda.set_device(local)
         dev = f"cuda:{local}"
-    # Namespace the rendezvous keys by torchrun's restart count: after a worker dies and
-    # torchrun --max-restarts restarts the group, stale addresses of the dead group must not be read.
+    # Rendezvous keys are namespaced by torchrun's restart count: after a worker dies and torchrun
+    # --max-restarts restarts the group, stale addresses of the dead group must not be read.
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=rank == 0 and not agent_store)
@@ -1076,22 +1017,9 @@ def stop_requested(run):
     return run.signal is not None
 
 
-# Command line: `--key value` or `--key=value`, typed like the default.
-def _convert(key, text, default):
-    try:
-        if isinstance(default, bool):
-            return {"1": True, "true": True, "yes": True, "on": True,
-                    "0": False, "false": False, "no": False, "off": False}[text.lower()]
-        if isinstance(default, int):
-            return int(float(text)) if float(text).is_integer() else int(text)
-        return float(text) if isinstance(default, float) else text
-    except (KeyError, ValueError):
-        kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
-        fail(f"--{key} expects {kind}, got {text!r}; e.g. --{key} {str(default).lower()}")
-
-
-# What each constant means, checked at start-up (main) before anything is read or written:
-# (test, what the value must be). finetune.py and data/prepare.py have their own tables.
+# The command line: `--key value` or `--key=value`, typed like the default, checked against RULES:
+# (test, what the value must be) per constant, at start-up (main) before anything is read or
+# written. finetune.py and data/prepare.py have their own tables.
 POSITIVE, NON_NEGATIVE, NOT_EMPTY = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0"), (bool, "not empty")
 RATE, FRACTION = (lambda v: 0 < v < 1, "in (0, 1)"), (lambda v: 0 <= v <= 1, "in [0, 1]")
 BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
@@ -1106,52 +1034,54 @@ RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=NOT_EMPTY
              min_lr_ratio=FRACTION, beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
              grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, attn_backend=one_of("sdpa", "flex", "dense_window"),
              eval_interval=POSITIVE, eval_tokens=POSITIVE, log_interval=POSITIVE, ckpt_interval=POSITIVE)
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 def check(values, rules, prog="detour.py"):
     """Every value against its rule (keys absent from `values` skipped); the first break is an error."""
-    for key, (test, want) in ((k, r) for k, r in rules.items() if k in values and not r[0](values[k])):
-        fail(f"--{key} {values[key]!r} must be {want}; see python {prog} --help")
+    for key, (test, want) in rules.items():
+        if key in values and not test(values[key]):
+            fail(f"--{key} {values[key]!r} must be {want}; see python {prog} --help")
 
 
-def print_help(prog, block):
-    """--help: the lines of `prog`'s source from block[0] up to block[1] that are comments or
-    `key = default` lines: every option, its default and its comment, grouped as there."""
-    text = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), prog)).read()
-    lines = [l for l in (block[0] + text.split(block[0], 1)[1].split(block[1])[0]).splitlines()
-             if re.match(r"\s*(#(?! ?-{8})|\w[\w, ]*(: \w+)? = )", l)]
-    indent = min(len(l) - len(l.lstrip()) for l in lines if not l.lstrip().startswith("#"))
-    print(f"usage: python {prog} [--key value | --key=value ...]; every option, its default and comment:\n")
-    print("\n".join(l[indent:] if l[:indent].isspace() else l for l in lines))
+def convert(key, text, default):
+    """The text of --key as the type of its default."""
+    try:
+        if isinstance(default, bool):
+            return BOOLEANS[text.lower()]
+        if isinstance(default, int):
+            return int(float(text)) if float(text).is_integer() else int(text)
+        return float(text) if isinstance(default, float) else text
+    except (KeyError, ValueError):
+        kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        fail(f"--{key} expects {kind}, got {text!r}; e.g. --{key} {str(default).lower()}")
 
 
 def apply_overrides(namespace, argv, prog="detour.py", block=("# 1. Constants", "# The constants above")):
-    """Set namespace[key] from argv; unknown keys and badly typed values are one-line errors;
-    -h / --help prints the options (print_help) and exits."""
+    """Set namespace[key] from argv -> {key: value given}. Unknown keys and badly typed values are
+    one-line errors; -h/--help prints the options (the lines of `prog`'s source from block[0] up to
+    block[1]: every constant, its default and its comment, grouped as there) and exits."""
     known = {k for k, v in namespace.items()
              if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    i, changed = 0, {}
-    while i < len(argv):
-        arg = argv[i]
+    changed, args = {}, iter(argv)
+    for arg in args:
         if arg in ("-h", "--help"):
-            print_help(prog, block)
+            source = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), prog)).read()
+            print(f"usage: python {prog} [--key value | --key=value ...]; every option, its default and comment:\n")
+            print(block[0] + source.split(block[0], 1)[1].split(block[1])[0].rstrip())
             raise SystemExit(0)
         if not arg.startswith("--"):
             fail(f"unexpected argument {arg!r}; use --key value or --key=value")
-        if "=" in arg:
-            key, text = arg[2:].split("=", 1)
-        else:
-            key = arg[2:]
-            if i + 1 >= len(argv):
+        key, eq, text = arg[2:].partition("=")
+        if not eq:  # --key value
+            text = next(args, None)
+            if text is None:
                 fail(f"--{key} needs a value (e.g. --{key}=...)")
-            text = argv[i + 1]
-            i += 1
-        i += 1
         if key not in known:
             close = [k for k in sorted(known) if k.startswith(key[:3])][:5]
             hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
             fail(f"unknown option --{key}{hint}; see the constants at the top of {prog}")
-        namespace[key] = changed[key] = _convert(key, text, namespace[key])
+        namespace[key] = changed[key] = convert(key, text, namespace[key])
     return changed
 
 
@@ -1169,17 +1099,8 @@ def parse_layers(spec, n_layers):
     return sorted(out)
 
 
-
-
-# Checkpoints (written atomically: a crash mid-write keeps the last one), and where a run
-# starts: every resume and inheritance rule is below.
-def save_checkpoint(path, model, optimizer, cfg, state):
-    model = getattr(model, "_orig_mod", model)  # never save torch.compile's prefixed names
-    ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), model_args=asdict(model.config),
-                config=vars(cfg), torch_rng=torch.get_rng_state(), **state)
-    atomic_write(path, lambda f: torch.save(ckpt, f))
-
-
+# Checkpoints (written atomically: a crash mid-write keeps the last one) and where a run starts:
+# every resume and inheritance rule is below.
 def load_checkpoint(directory):
     path = os.path.join(directory, "ckpt.pt")
     if not os.path.exists(path):
@@ -1195,23 +1116,16 @@ def resolve_out_dir(cfg):
     if cfg.out_dir:
         return cfg.out_dir
     if PHASES[cfg.phase].continues and cfg.init_from == "resume":
-        fail(f"to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
-    if PHASES[cfg.phase].continues:
-        return cfg.init_from.rstrip("/") + "-decay"
-    return os.path.join("out", cfg.phase)
+        fail("to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+    return cfg.init_from.rstrip("/") + "-decay" if PHASES[cfg.phase].continues else os.path.join("out", cfg.phase)
 
 
 def build_model(cfg, meta):
-    """The model a run starts from, and the checkpoint it comes from (None: scratch or HF).
-    A resumed run loads its own checkpoint; a fresh run must not overwrite another run's; a
-    continuing phase (decay) needs a Phase-1 checkpoint; the data must fit the model."""
-    if cfg.init_from == "resume":
-        ckpt = load_checkpoint(cfg.out_dir)
-        model = ModernBERT(Config(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
-        return model, ckpt
-    ckpt_path, ckpt = os.path.join(cfg.out_dir, "ckpt.pt"), None
-    if os.path.exists(ckpt_path) and not cfg.overwrite:
+    """The model a run starts from, and the checkpoint it comes from (None: scratch or HF). A resumed
+    run loads its own checkpoint; a fresh run must not overwrite another run's; a continuing phase
+    (decay) needs a Phase-1 checkpoint; the data must fit the model."""
+    resume, ckpt_path, ckpt = cfg.init_from == "resume", os.path.join(cfg.out_dir, "ckpt.pt"), None
+    if not resume and os.path.exists(ckpt_path) and not cfg.overwrite:
         fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
              "use --init_from resume to continue it, another --out_dir, or --overwrite true")
     if cfg.init_from == "scratch":
@@ -1219,8 +1133,8 @@ def build_model(cfg, meta):
         model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len), **PRESETS[cfg.preset],
                                   **{k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
                                                           "mask_token_id", "unk_token_id")}))
-    elif os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")) or PHASES[cfg.phase].continues:
-        ckpt = load_checkpoint(cfg.init_from)
+    elif resume or PHASES[cfg.phase].continues or os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")):
+        ckpt = load_checkpoint(cfg.out_dir if resume else cfg.init_from)
         model = ModernBERT(Config(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])
     else:
@@ -1233,17 +1147,16 @@ def build_model(cfg, meta):
             fail(f"data {k}={meta.get(k)} but model {k}={getattr(config, k)}; {retokenize}")
     if cfg.seq_len > config.max_position_embeddings:
         fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings {config.max_position_embeddings}; lower --seq_len")
-    if PHASES[cfg.phase].continues and ckpt.get("phase") not in ("clm", "mlm"):
-        fail(f"--phase {cfg.phase} needs a Phase-1 (clm or mlm) checkpoint; "
-             f"{cfg.init_from} holds phase {ckpt.get('phase')!r}")
+    if PHASES[cfg.phase].continues and not resume and ckpt.get("phase") not in ("clm", "mlm"):
+        fail(f"--phase {cfg.phase} needs a Phase-1 (clm or mlm) checkpoint; {cfg.init_from} holds phase {ckpt.get('phase')!r}")
     return model, ckpt
 
 
 def start_point(cfg, ckpt, optimizer):
-    """Where the run starts -> dict(step, tokens, sample0, phase1_tokens, budget). sample0: the
-    windows already drawn from the stream; budget: the phase's tokens. A resumed run continues
-    exactly (AdamW state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW
-    moments and starts on the first window Phase 1 did not see; other runs start afresh."""
+    """Where the run starts -> dict(step, tokens, sample0, phase1_tokens, budget). sample0: the windows
+    already drawn from the stream; budget: the phase's tokens. A resumed run continues exactly (AdamW
+    state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW moments and starts on the
+    first window Phase 1 did not see; other runs start afresh."""
     step, tokens, sample0, phase1_tokens = 0, 0, 0, 0
     if cfg.init_from == "resume":
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1255,9 +1168,7 @@ def start_point(cfg, ckpt, optimizer):
         sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # fresh data
     for group in optimizer.param_groups:  # lr/wd come from this run's schedule, not the checkpoint
         group["weight_decay"] = torch_weight_decay(cfg) if group["weight_decay"] else 0.0
-    budget = cfg.max_tokens
-    if PHASES[cfg.phase].continues:
-        budget = cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)
+    budget = (cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)) if PHASES[cfg.phase].continues else cfg.max_tokens
     return dict(step=step, tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens, budget=budget)
 
 
@@ -1265,16 +1176,17 @@ def save_run(cfg, run, step, tokens):
     """Rank 0 checkpoints the run at `step`: what start_point needs to resume it."""
     if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
-        phase1_tokens = run.phase1_tokens if PHASES[cfg.phase].continues else tokens
-        save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), run.raw_model, run.optimizer, cfg,
-                        dict(phase=cfg.phase, step=step, tokens=tokens, sample0=run.sample0,
-                             phase1_tokens=phase1_tokens))
+        ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
+                    model_args=asdict(run.config), config=vars(cfg), torch_rng=torch.get_rng_state(), phase=cfg.phase,
+                    step=step, tokens=tokens, sample0=run.sample0,
+                    phase1_tokens=run.phase1_tokens if PHASES[cfg.phase].continues else tokens)
+        atomic_write(os.path.join(cfg.out_dir, "ckpt.pt"), lambda f: torch.save(ckpt, f))
 
 
 def open_outputs(cfg, run):
-    """Rank 0 writes out_dir/detour.py (this file, the code that runs), keeps in log.jsonl
-    only the records up to a resumed checkpoint (a kill -9 can leave later ones), saves the
-    step-0 weights of a run from scratch (init/, for weight-drift analysis) -> the open log."""
+    """Rank 0 writes out_dir/detour.py (this file, the code that runs), keeps in log.jsonl only the
+    records up to a resumed checkpoint (a kill -9 can leave later ones), saves the step-0 weights of a
+    run from scratch (init/, for weight-drift analysis) -> the open log."""
     if not run.master:
         return None
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -1285,20 +1197,19 @@ def open_outputs(cfg, run):
         with open(log_path) as f:
             kept = [line for line in f if line.strip() and json.loads(line)["step"] <= run.step]
         atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
-    config = run.config
-    print(f"detour: phase={cfg.phase} params={run.raw_model.num_params() / 1e6:.2f}M "
-          f"layers={config.num_hidden_layers} d={config.hidden_size} ranks={run.world} accum={run.accum} "
-          f"steps={run.total_steps} tokens/step={run.tokens_per_step} frozen={run.frozen or 'none'} "
-          f"out_dir={cfg.out_dir}")
+    c = run.config
+    print(f"detour: phase={cfg.phase} params={run.raw_model.num_params() / 1e6:.2f}M layers={c.num_hidden_layers} "
+          f"d={c.hidden_size} ranks={run.world} accum={run.accum} steps={run.total_steps} "
+          f"tokens/step={run.tokens_per_step} frozen={run.frozen or 'none'} out_dir={cfg.out_dir}")
     if cfg.init_from == "scratch" and run.step == 0:
         save_hf(run.raw_model, os.path.join(cfg.out_dir, "init"), run.tokenizer)
     return open(log_path, "a")
 
 
 def main(argv):
-    """The run's configuration, then train(): the constants above, overridden by argv, and
-    what a run inherits: a resumed run (or one torchrun restarted) its saved configuration,
-    a continuing phase (decay) Phase 1's, except the keys it owns."""
+    """The run's configuration, then train(): the constants above, overridden by argv, and what a run
+    inherits: a resumed run (or one torchrun restarted) its saved configuration, a continuing phase
+    (decay) Phase 1's, except the keys it owns."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
     check(cfg, RULES)
