@@ -1,31 +1,27 @@
 """
 finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 
-The paper judges the CLM detour by what it does downstream: the detour encoder and its
-MLM-only twin are fine-tuned the same way, on the same tasks, with the same seeds, and
-the scores are compared task by task (mean +- std over runs) and on average. Pretraining
-replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the unit of the statistics
-is the (task, replicate) pair, its fine-tuning seeds averaged: an exact sign-flip test, a
-paired bootstrap, 95% intervals and the smallest difference the design can detect.
+The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are
+fine-tuned alike (same tasks, same seeds) and compared task by task (mean +- std over runs)
+and on average. Pretraining replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2);
+the unit of the statistics is the (task, replicate) pair, its fine-tuning seeds averaged: an
+exact sign-flip test, a paired bootstrap, 95% intervals and the smallest detectable difference.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
   python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
   python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
-
 Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
   python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
 
 A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
-`kind+probe` (that task is a linear probe), path a directory with train/dev/test files, read
-by data/tasks.py: CoNLL (`token<TAB>tag` lines, blank line between sentences) for ner; for
-the others JSONL ({"text": ...} or {"text_a": ..., "text_b": ...}, "label": a string, a list
-of strings or a number; optional "group" for per-group accuracy) or TSV with a header.
+`kind+probe` (that task is a linear probe); path holds train/dev/test files in the formats
+data/tasks.py reads (CoNLL for ner; JSONL or TSV with "text" or "text_a"/"text_b", "label", an
+optional "group"). `default`: the embedded tasks (ner, notes, needle) built from data/world.py.
 Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
-entity-level micro F1 (conlleval rules); the others are reported too. `default`: the
-embedded tasks (ner, notes, needle) that data/tasks.py builds from data/world.py.
+entity-level micro F1 (conlleval rules); the others are reported too.
 
 Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
 Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
@@ -537,49 +533,39 @@ def train_order(examples, rng, batch_size, group=8):
     rng.shuffle(batches)
     return batches
 
+def head_inputs(tm, examples, idx, feats, dev):
+    if feats is not None:  # probing: precomputed, the encoder does not run
+        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
+    ids, mask, target = pad_batch([examples[i] for i in idx], tm.config.pad_token_id, dev)
+    return tm.features(ids, mask, target)
+
 @torch.no_grad()
-def embed(p, tm, examples, dev):
-    """Frozen-encoder head inputs for every example, computed once (linear probing):
-    a (d,) vector each, or (n_labeled_tokens, d) for NER; kept on the CPU."""
+def per_example(p, tm, examples, dev, rows):
+    """rows(batch indices) -> a tensor, run over length batches without grad -> one float CPU
+    tensor per example, in input order: a row, or for NER one row per labeled word (= mapped word)."""
     tm.eval()
     out = [None] * len(examples)
     for idx in length_batches(examples, p.batch_size):
-        batch = [examples[i] for i in idx]
-        ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
         with autocast(p, dev):
-            x = tm.features(ids, mask, target).float().cpu()
+            x = rows(idx).float().cpu()
         if tm.per_token:
-            x = x.split([sum(y != IGNORE for y in ex["target"]) for ex in batch])
+            x = x.split([sum(examples[i]["mapped"]) for i in idx])
         for i, v in zip(idx, x):
             out[i] = v
     return out
 
 def probe_features(p, model, task):
-    """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
+    """The frozen encoder's head inputs for every split, computed once (linear probing) and
+    kept on the CPU, for finetune_one(..., feats) on a probe task."""
     dev = get_device(p)
     tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
-    return {s: embed(p, tm, task[s], dev) for s in ("train", "dev", "test")}
+    return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev))
+            for s in ("train", "dev", "test")}
 
-def head_inputs(tm, examples, idx, feats, dev):
-    if feats is not None:  # probing: precomputed, the encoder does not run
-        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
-    batch = [examples[i] for i in idx]
-    ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
-    return tm.features(ids, mask, target)
-
-@torch.no_grad()
 def evaluate(p, tm, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
-    tm.eval()
     K, examples = KINDS[task["kind"]], task[split]
-    out = [None] * len(examples)
-    for idx in length_batches(examples, p.batch_size):
-        with autocast(p, dev):
-            logits = tm(head_inputs(tm, examples, idx, feats, dev)).float().cpu()
-        if K.per_token:  # one row per labeled word: split them by example
-            logits = logits.split([sum(examples[i]["mapped"]) for i in idx])
-        for i, z in zip(idx, logits):
-            out[i] = z
+    out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)))
     m = K.score(task, examples, out)
     m["main"] = m[K.main]
     return m
