@@ -186,11 +186,8 @@ def entity_f1(gold_seqs, pred_seqs):
 def group_accuracy(examples, gold, pred):
     """Accuracy per group tag, for tasks whose examples carry groups (the needle's
     [position, length]). Ordered by slot, then by first appearance: start, middle, end, ..."""
-    names = []
-    for k in range(max(len(ex["groups"]) for ex in examples)):
-        for ex in examples:
-            if len(ex["groups"]) > k and ex["groups"][k] not in names:
-                names.append(ex["groups"][k])
+    slots = range(max(len(ex["groups"]) for ex in examples))
+    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples if len(ex["groups"]) > k)
     return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
             for g in names}
 
@@ -255,10 +252,9 @@ KINDS = {
 # out_dir holding one in hf/.
 # ----------------------------------------------------------------------------------------
 def hf_dir(path):
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    if os.path.exists(os.path.join(path, "hf", "config.json")):
-        return os.path.join(path, "hf")
+    for d in (path, os.path.join(path, "hf")):
+        if os.path.exists(os.path.join(d, "config.json")):
+            return d
     if os.path.exists(os.path.join(path, "ckpt.pt")):
         fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
     fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
@@ -272,8 +268,7 @@ def load_encoder(path):
     model, tokenizer = detour.load_hf(d), detour.load_tokenizer(tok_path)
     c = model.config
     if tokenizer.get_vocab_size() > c.vocab_size:
-        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
-             "wrong tokenizer?")
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; wrong tokenizer?")
     for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
         if tokenizer.token_to_id(name) != want:
             fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
@@ -303,10 +298,7 @@ def encode_words(p, tokenizer, words, tag_ids):
     first sub-token gets its tag, every other token IGNORE.
     -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
     own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
-    text, starts = "", []
-    for w in words:
-        starts.append(len(text) + (1 if text else 0))
-        text += (" " if text else "") + w
+    text = " ".join(words)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
     char_tok = [-1] * len(text)          # the first token that covers each character
@@ -314,15 +306,15 @@ def encode_words(p, tokenizer, words, tag_ids):
         for ch in range(s, e):
             if char_tok[ch] < 0:
                 char_tok[ch] = t
-    target, mapped, last = [IGNORE] * len(ids), [], -1
-    for w, (start, tag) in enumerate(zip(starts, tag_ids)):
-        t = next((char_tok[ch] for ch in range(start, start + len(words[w])) if char_tok[ch] >= 0), -1)
+    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
+    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
+        t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
+        start += len(word) + 1
         mapped.append(t > last)
         if t > last:
             target[t], last = tag, t
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
-            mapped, len(enc.ids) > p.max_len - 2)
+    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
 
 def encode_example(p, K, tokenizer, ex, index, file):
     """One read example -> (encoded example, truncated); its labels must be in `index`."""
@@ -349,11 +341,8 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
     index = {l: i for i, l in enumerate(labels)}
     splits, n_trunc = {}, 0
     for split, (file, rows) in raw.items():
-        out = []
-        for ex in rows:
-            encoded, cut = encode_example(p, K, tokenizer, ex, index, file)
-            out.append(encoded)
-            n_trunc += cut
+        encoded = [encode_example(p, K, tokenizer, ex, index, file) for ex in rows]
+        out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
         limit = p.max_train if split == "train" else p.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
             keep = sorted(random.Random(0).sample(range(len(out)), limit))
@@ -433,19 +422,16 @@ def mean_interval(d, level=0.95):
     """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
     lo = hi = mean for a single unit (no spread to estimate)."""
     d = np.asarray(d, float)
-    m = float(d.mean())
-    if len(d) < 2:
-        return m, m, m
-    half = t_quantile(0.5 + level / 2, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    m, n = float(d.mean()), len(d)
+    half = t_quantile(0.5 + level / 2, n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
     return m, m - half, m + half
 
 def detectable_difference(d, alpha=0.05, power=0.80):
     """The smallest true mean difference a one-sided paired t test at `alpha` over these
     units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
-    d = np.asarray(d, float)
-    if len(d) < 2:
+    d, df = np.asarray(d, float), len(d) - 1
+    if df < 1:
         return float("nan")
-    df = len(d) - 1
     return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
 
 def format_p(p):
@@ -508,10 +494,7 @@ def pad_batch(examples, pad_id, dev):
 
 def targets(K, examples, dev):
     """A batch's training targets: one per labeled word (NER) or per example."""
-    if K.per_token:
-        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
-    else:
-        ys = [ex["y"] for ex in examples]
+    ys = [y for ex in examples for y in ex["target"] if y != IGNORE] if K.per_token else [ex["y"] for ex in examples]
     return torch.tensor(ys, dtype=K.target).to(dev)
 
 def length_batches(examples, batch_size):
@@ -590,20 +573,18 @@ def optimizer(p, tm, frozen):
     return torch.optim.AdamW(groups, lr=peak), params, peak
 
 def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
-    """Fine-tune a fresh copy of `model`'s encoder (or, for a probe task, a head on the
-    frozen encoder) on task["train"] with `seed`; pick the epoch with the best dev main
-    metric; report test with that epoch's weights.
-    -> dict(dev=metrics, test=metrics, epoch=best epoch, losses=mean training loss per epoch),
-    plus model=the TaskModel with the best epoch's weights when keep_model (for analysis).
-    `feats`: optional probe_features(p, model, task), to share them across seeds."""
+    """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen
+    encoder, on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch
+    with the best dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean
+    training loss per epoch), plus model (the TaskModel, best epoch's weights) when keep_model."""
     dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if K.one_output else len(task["labels"])
-    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
-    # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
+    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the loaded
+    # one (moved to the device) and only ever runs it once, without grad, in probe_features()
     encoder = model.to(dev) if frozen else copy.deepcopy(model)
     tm = TaskModel(encoder, n_out, K.per_token, p.pooling, p.dropout).to(dev)
-    feats = (feats or probe_features(p, model, task)) if frozen else {"train": None, "dev": None, "test": None}
+    feats = (feats or probe_features(p, model, task)) if frozen else dict.fromkeys(("train", "dev", "test"))
     pw = pos_weights(p, train, n_out, dev) if K.weighted else None
     opt, params, peak = optimizer(p, tm, frozen)
     n_epochs = p.probe_epochs if frozen else getattr(p, K.epochs)
@@ -670,17 +651,15 @@ def compare(results, names, first, second, samples=10_000):
     # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
     units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
     flat = [u for n in names for u in units[n]]
-    # per task: with several replicates the interval is over them (pretraining + fine-tuning
-    # noise); with one, over the paired fine-tuning seeds (fine-tuning noise only)
-    per_task = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
-                                              for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
-    results["difference"] = {n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]}
-    results["ci95"] = {n: mean_interval(per_task[n])[1:] for n in names}
-    results["ci95"]["average"] = mean_interval(flat)[1:]
-    results["units"] = flat
-    results["p_sign_flip"] = sign_flip_p(flat)
-    results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat), samples)
-    results["detectable_difference"] = detectable_difference(flat)
+    # the intervals: per task over the replicates (pretraining + fine-tuning noise), or with one
+    # replicate over the paired fine-tuning seeds (fine-tuning noise only); the average's over the units
+    spread = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
+                                            for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
+    spread["average"] = flat
+    results.update(difference={n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]},
+                   ci95={n: mean_interval(d)[1:] for n, d in spread.items()}, units=flat,
+                   p_sign_flip=sign_flip_p(flat), p_bootstrap=paired_bootstrap(flat, [0.0] * len(flat), samples),
+                   detectable_difference=detectable_difference(flat))
 
 def run_arm(p, arm, task_specs, task_info=None):
     """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
@@ -718,11 +697,9 @@ def run_arm(p, arm, task_specs, task_info=None):
     return scores
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
-    with seeds 0..p.seeds-1 and write <p.out_dir>/<report>.md and <report>.json. task_specs: a
-    --tasks string, or [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put
-    above the table. With two or more arms, the first is compared with the second (compare).
-    -> the results dict (as in the json)."""
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or
+    parse_tasks' list) with seeds 0..p.seeds-1, compare the first arm with the second, write
+    <p.out_dir>/<report>.md (`note` above the table) and .json. -> the results dict (the json)."""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
@@ -737,30 +714,31 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
         results["scores"][label] = run_arm(p, arm, task_specs, results["tasks"] if label == labels[0] else None)
     if len(arms) >= 2:
         compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
-    write_report(p, report, results, markdown(results, p.bootstrap_samples))
-    return results
+    return write_report(p, report, results, markdown(results, p.bootstrap_samples))
+
+def md_table(head, rows):
+    """A markdown table: the header's cells, the rule, then each row's cells."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"
+    return [line(head), "|---" * len(head) + "|"] + [line(cells) for cells in rows]
 
 def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
-    pct = lambda x: f"{100 * x:.1f}"
-    tasks_ = results["tasks"]
-    cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in tasks_]
-    lines = [results["note"], ""] if results.get("note") else []
-    lines += ["| checkpoint | " + " | ".join(cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
+    pct, names = lambda x: f"{100 * x:.1f}", [t["name"] for t in results["tasks"]]
+    rows = []
     for ckpt in results["checkpoints"]:
         sc = results["scores"][ckpt]
-        cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
-        lines.append(f"| {ckpt} | " + " | ".join(cells) + " |")
+        rows.append([ckpt] + [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in names + ["average"]])
         for k, rep in enumerate(ckpt.split("+") if "+" in ckpt else []):  # each replicate, seeds averaged
-            cells = [pct(sc[n]["replicate_means"][k]) for n in [t["name"] for t in tasks_]]
-            cells.append(pct(np.mean([sc[n]["replicate_means"][k] for n in [t["name"] for t in tasks_]])))
-            lines.append(f"| · replicate {k + 1}: {rep} | " + " | ".join(cells) + " |")
+            means = [sc[n]["replicate_means"][k] for n in names]
+            rows.append([f"· replicate {k + 1}: {rep}"] + [pct(x) for x in means] + [pct(np.mean(means))])
     if "difference" in results:
         d, ci = results["difference"], results["ci95"]
-        cells = [f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]"
-                 for n in [t["name"] for t in tasks_] + ["average"]]
-        lines.append("| difference (first − second arm) [95% CI] | " + " | ".join(cells) + " |")
-    reps = len(results["scores"][results["checkpoints"][0]][tasks_[0]["name"]].get("replicate_means", [0]))
+        rows.append(["difference (first − second arm) [95% CI]"] + [
+            f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" for n in names + ["average"]])
+    cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in results["tasks"]]
+    lines = [results["note"], ""] if results.get("note") else []
+    lines += md_table(["checkpoint"] + cols + ["average"], rows)
+    reps = len(results["scores"][results["checkpoints"][0]][names[0]].get("replicate_means", [0]))
     lines += ["", f"Test-set scores in %, mean ± std over all runs ({reps} pretraining replicate(s) x seeds "
               f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "
               "run, then mean ± std over runs."]
@@ -773,27 +751,27 @@ def markdown(results, bootstrap_samples):
                   "anti-conservative for few units). 95% CI per task: t interval over "
                   + ("the replicates (pretraining and fine-tuning noise)" if reps > 1 else
                      "the fine-tuning seeds (fine-tuning noise only: one pretraining run per arm)")
-                  + "; for the average, over the units. Smallest average difference this design detects "
-                  f"(80% power, one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
-    for t in tasks_:
-        runs = {c: results["scores"][c][t["name"]]["runs"] for c in results["checkpoints"]}
+                  + "; for the average, over the units. Smallest average difference this design detects (80% power, "
+                  f"one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
+    for name in names:
+        runs = {c: results["scores"][c][name]["runs"] for c in results["checkpoints"]}
         groups = list(next(iter(runs.values()))[0]["test"].get("groups", {}))
-        if not groups:
-            continue
-        lines += ["", f"{t['name']}: test accuracy by group (%, mean over runs)", "",
-                  "| checkpoint | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
-        for c, rs in runs.items():
-            accs = [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
-            lines.append(f"| {c} | " + " | ".join(accs) + " |")
+        if groups:
+            accs = [[c] + [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
+                    for c, rs in runs.items()]
+            lines += ["", f"{name}: test accuracy by group (%, mean over runs)", ""]
+            lines += md_table(["checkpoint"] + groups, accs)
     return "\n".join(lines) + "\n"
 
 def write_report(p, name, results, text):
-    """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written atomically."""
+    """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written
+    atomically. -> results"""
     os.makedirs(p.out_dir, exist_ok=True)
     detour.atomic_write(os.path.join(p.out_dir, name + ".md"), lambda f: f.write(text.encode("utf-8")))
     detour.atomic_write(os.path.join(p.out_dir, name + ".json"),
                         lambda f: f.write(json.dumps(results, indent=1).encode("utf-8")))
     print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
+    return results
 
 def main(argv=None):
     """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
@@ -882,10 +860,9 @@ def same_tokenizer(tokenizers, paths):
         fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
 
 def cka_divergence(p, paths, text_path=None):
-    """d = 1 - linear CKA between checkpoints A and B, on held-out sentences, at the embedding
-    output and after every layer. With a third checkpoint C, B's seed-noise control (B's
-    objective, another seed), also d(B, C) and r = d(A, B) / d(B, C): how many times larger
-    than seed noise the difference between A and B is. Writes cka.md / cka.json in p.out_dir."""
+    """d = 1 - linear CKA between checkpoints A and B on held-out sentences, at the embedding
+    output and after every layer. A third checkpoint C, B's seed-noise control (B's objective,
+    another seed), adds d(B, C) and r = d(A, B) / d(B, C): how many times seed noise A and B differ."""
     if len(paths) not in (2, 3):
         fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
     text_path = text_path or p.texts or os.path.join(p.pretrain_dir, "val.txt")
@@ -912,18 +889,14 @@ def cka_divergence(p, paths, text_path=None):
         rows.append(row)
     results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
                    max_len=p.max_len, rows=rows)
-    write_report(p, "cka", results, cka_markdown(results))
-    return results
+    return write_report(p, "cka", results, cka_markdown(results))
 
 def cka_markdown(results):
     control = "C" in results["checkpoints"]
-    head = "| layer | d(A, B) |" + (" d(B, C) | r = d(A, B) / d(B, C) |" if control else "")
-    lines = [head, "|---" * (4 if control else 2) + "|"]
-    for row in results["rows"]:
-        cells = [row["layer"], f"{row['d_ab']:.4f}"]
-        if control:
-            cells += [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = lambda row: [row["layer"], f"{row['d_ab']:.4f}"] + (
+        [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"] if control else [])
+    lines = md_table(["layer", "d(A, B)"] + (["d(B, C)", "r = d(A, B) / d(B, C)"] if control else []),
+                     [cells(row) for row in results["rows"]])
     lines += [""] + [f"{k}: {path}" for k, path in results["checkpoints"].items()]
     lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
                  f"{results['n_texts']} sentences of {results['texts']}; layer i = the output of layer i.")
@@ -967,8 +940,7 @@ def bar(x, top, width=24):
 
 def drift(p, paths):
     """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
-    same shape): weight_drift per layer, attention and MLP apart, plus the embeddings and the
-    head. Writes drift.md / drift.json in p.out_dir."""
+    same shape): weight_drift per layer, attention and MLP apart, the embeddings, the head."""
     if len(paths) != 2:
         fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
     model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
@@ -978,8 +950,7 @@ def drift(p, paths):
                    layers=[dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
                            for i in range(model.config.num_hidden_layers)],
                    head=d[("head", None)], tensors=tensors)
-    write_report(p, "drift", results, drift_markdown(results))
-    return results
+    return write_report(p, "drift", results, drift_markdown(results))
 
 def drift_markdown(results):
     layers = results["layers"]
