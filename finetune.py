@@ -179,8 +179,7 @@ def entity_f1(gold_seqs, pred_seqs):
     gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
     pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
     tp = len(gold & pred)
-    p = tp / len(pred) if pred else 0.0
-    r = tp / len(gold) if gold else 0.0
+    p, r = (tp / len(pred) if pred else 0.0), (tp / len(gold) if gold else 0.0)
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 def group_accuracy(examples, gold, pred):
@@ -294,10 +293,9 @@ def encode(p, tokenizer, text, text_b=None):
     return [cls] + a + [sep] + b + [sep], truncated
 
 def encode_words(p, tokenizer, words, tag_ids):
-    """Words joined by spaces, tokenized as running text (as in pretraining), each word's
-    first sub-token gets its tag, every other token IGNORE.
-    -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
-    own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
+    """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
+    sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
+    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
     text = " ".join(words)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
@@ -399,10 +397,9 @@ def sign_flip_p(d):
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
-    """One-sided bootstrap p that `a` beats `b`: resample the paired units a_i - b_i with
-    replacement; p = (1 + #resampled means <= 0) / (1 + samples), so p >= 1/(samples + 1)
-    and never prints as 0. Anti-conservative for a handful of units (it treats the observed
-    spread as the population's): read it next to the sign-flip p. Fixed RNG seed."""
+    """One-sided bootstrap p that `a` beats `b` over the paired units a_i - b_i resampled with a fixed
+    seed: p = (1 + #means <= 0) / (1 + samples) >= 1/(samples + 1), never printed as 0. Anti-conservative
+    for a handful of units (it takes the observed spread for the population's): read it next to sign_flip_p."""
     d = np.asarray(a, float) - np.asarray(b, float)
     if not np.any(d):
         return 1.0  # no difference at all: no evidence
@@ -455,10 +452,6 @@ class TaskModel(nn.Module):
         nn.init.trunc_normal_(self.classifier.weight, std=std, a=-2 * std, b=2 * std)
         nn.init.zeros_(self.classifier.bias)
 
-    @property
-    def config(self):
-        return self.model.config
-
     def features(self, ids, mask, target=None):
         """Classifier inputs: head(pooled body output) (B, d), or for NER head(h) of the
         labeled tokens (N, d) (the head is per position, so selecting first is the same)."""
@@ -481,16 +474,11 @@ def autocast(p, dev):
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
 def pad_batch(examples, pad_id, dev):
+    """-> (ids, attention mask, targets), each (B, T) on dev, padded with pad_id, 0 and IGNORE."""
     T = max(len(ex["ids"]) for ex in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.long)
-    target = torch.full((len(examples), T), IGNORE, dtype=torch.long)
-    for i, ex in enumerate(examples):
-        ids[i, :len(ex["ids"])] = torch.tensor(ex["ids"])
-        mask[i, :len(ex["ids"])] = 1
-        if "target" in ex:
-            target[i, :len(ex["target"])] = torch.tensor(ex["target"])
-    return ids.to(dev), mask.to(dev), target.to(dev)
+    pad = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long).to(dev)
+    return (pad([ex["ids"] for ex in examples], pad_id), pad([[1] * len(ex["ids"]) for ex in examples], 0),
+            pad([ex.get("target", []) for ex in examples], IGNORE))
 
 def targets(K, examples, dev):
     """A batch's training targets: one per labeled word (NER) or per example."""
@@ -519,13 +507,13 @@ def train_order(examples, rng, batch_size, group=8):
 def head_inputs(tm, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
         return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
-    ids, mask, target = pad_batch([examples[i] for i in idx], tm.config.pad_token_id, dev)
+    ids, mask, target = pad_batch([examples[i] for i in idx], tm.model.config.pad_token_id, dev)
     return tm.features(ids, mask, target)
 
 @torch.no_grad()
 def per_example(p, tm, examples, dev, rows):
-    """rows(batch indices) -> a tensor, run over length batches without grad -> one float CPU
-    tensor per example, in input order: a row, or for NER one row per labeled word (= mapped word)."""
+    """rows(batch indices) over length batches, without grad -> per example, in input order, a float
+    CPU tensor: its row, or for NER a row per labeled word (= mapped word)."""
     tm.eval()
     out = [None] * len(examples)
     for idx in length_batches(examples, p.batch_size):
@@ -550,8 +538,7 @@ def evaluate(p, tm, task, split, feats, dev):
     K, examples = KINDS[task["kind"]], task[split]
     out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)))
     m = K.score(task, examples, out)
-    m["main"] = m[K.main]
-    return m
+    return dict(m, main=m[K.main])
 
 # ----------------------------------------------------------------------------------------
 # Fine-tuning one (checkpoint, task, seed).
@@ -572,11 +559,11 @@ def optimizer(p, tm, frozen):
     peak = p.probe_lr if frozen else p.learning_rate
     return torch.optim.AdamW(groups, lr=peak), params, peak
 
-def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
+def finetune_one(p, model, task, seed, feats=None, desc=""):
     """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen
     encoder, on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch
     with the best dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean
-    training loss per epoch), plus model (the TaskModel, best epoch's weights) when keep_model."""
+    training loss per epoch)."""
     dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if K.one_output else len(task["labels"])
@@ -621,8 +608,7 @@ def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
                           if not frozen or k.startswith("classifier.")}
     bar.close()
     tm.load_state_dict(best_state, strict=not frozen)
-    out = dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
-    return dict(out, model=tm) if keep_model else out
+    return dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
 
 # ----------------------------------------------------------------------------------------
 # The comparison: every checkpoint x task x seed, then the tables.
@@ -663,8 +649,8 @@ def compare(results, names, first, second, samples=10_000):
 
 def run_arm(p, arm, task_specs, task_info=None):
     """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
-    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}.
-    `task_info`: a list to append each task's description to (for the first arm)."""
+    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)};
+    each task's description is appended to `task_info` if given."""
     dev, names = get_device(p), [t[0] for t in task_specs]
     scores = {n: dict(runs=[]) for n in names}
     for rep, ckpt in enumerate(arm):
@@ -767,9 +753,8 @@ def write_report(p, name, results, text):
     """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written
     atomically. -> results"""
     os.makedirs(p.out_dir, exist_ok=True)
-    detour.atomic_write(os.path.join(p.out_dir, name + ".md"), lambda f: f.write(text.encode("utf-8")))
-    detour.atomic_write(os.path.join(p.out_dir, name + ".json"),
-                        lambda f: f.write(json.dumps(results, indent=1).encode("utf-8")))
+    for ext, content in ((".md", text), (".json", json.dumps(results, indent=1))):
+        detour.atomic_write(os.path.join(p.out_dir, name + ext), lambda f: f.write(content.encode("utf-8")))
     print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
     return results
 
@@ -814,18 +799,16 @@ def main(argv=None):
 # Results: <out_dir>/<mode>.md and .json.
 # ========================================================================================
 def linear_cka(x, y):
-    """Linear CKA (Kornblith et al., 2019) of two representations of the same n inputs, x (n, p)
-    and y (n, q): ||Y'X||^2 / (||X'X|| ||Y'Y||), Frobenius norms, columns centered first.
-    1 = the same up to a rotation and a scale; near 0 = unrelated. The width may differ.
-    Float64: the terms are fourth powers of the activations."""
+    """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
+    inputs: ||Y'X||^2 / (||X'X|| ||Y'Y||) of the centered columns; 1 = the same up to a rotation and
+    a scale, near 0 = unrelated. Float64: the terms are fourth powers of the activations."""
     x = np.asarray(x, np.float64) - np.mean(x, 0)
     y = np.asarray(y, np.float64) - np.mean(y, 0)
     return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
 
 def text_examples(p, tokenizer, path):
-    """A text file (one text per line) -> examples {ids}: every line is split into sentences,
-    each encoded [CLS] sentence [SEP]; a sentence longer than p.max_len is cut into chunks.
-    Sentences rather than whole texts: CKA needs many more inputs than hidden dimensions."""
+    """A text file -> examples {ids}: each sentence of each line as [CLS] sentence [SEP], cut into
+    chunks of p.max_len. Sentences, not lines: CKA needs many more inputs than hidden dimensions."""
     cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), p.max_len - 2
     out = []
     for line in tasks.read_lines(path):
@@ -838,9 +821,8 @@ def text_examples(p, tokenizer, path):
 
 @torch.no_grad()
 def layer_features(p, model, examples):
-    """Every example's hidden states mean-pooled over its real tokens (padding excluded), at
-    the embedding output and after each layer -> L + 1 float64 arrays (n, d). Bidirectional
-    (causal=False), as the encoder is used downstream."""
+    """Every example's hidden states mean-pooled over its real tokens, at the embedding output and
+    after each layer -> L + 1 float64 arrays (n, d); bidirectional, as the encoder is used downstream."""
     dev = get_device(p)
     body = model.model.to(dev).eval()
     feats = {}
@@ -905,9 +887,8 @@ def cka_markdown(results):
     return "\n".join(lines) + "\n"
 
 def part_of(name):
-    """A parameter name -> (part, layer): ("attn", i) for layer i's attention (Wqkv, Wo) and
-    its attn_norm, ("mlp", i) for its MLP (Wi, Wo) and mlp_norm, ("embeddings", None), and
-    ("head", None) for the rest: the final norm and the MLM head."""
+    """A parameter name -> (part, layer): ("attn", i) for layer i's Wqkv, Wo, attn_norm, ("mlp", i)
+    for its Wi, Wo, mlp_norm, ("embeddings", None), or ("head", None): the final norm and MLM head."""
     m = re.match(r"model\.layers\.(\d+)\.(attn|mlp)", name)  # also matches attn_norm, mlp_norm
     if m:
         return m.group(2), int(m.group(1))
@@ -991,10 +972,9 @@ def transplant_model(donor, recipient, spec):
     return hybrid
 
 def transplant(p, paths, spec, task_specs):
-    """The hybrid of checkpoints A, B: layer group `spec` from A, everything else from B. It is
-    saved as an HF dir (<p.out_dir>/transplant-<spec>/) and linear-probed on the tasks next to A
-    and B: a probe keeps the encoder frozen, where fine-tuning would retrain the transplanted
-    layers and blur what they carry. Writes transplant-<spec>.md / .json in p.out_dir."""
+    """The hybrid of checkpoints A, B (layer group `spec` from A, the rest from B), saved as an HF
+    dir in p.out_dir and linear-probed next to A and B: a probe keeps the encoder frozen, where
+    fine-tuning would retrain the transplanted layers and blur what they carry."""
     if len(paths) != 2:
         fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
     (a, tok_a), (b, tok_b) = load_encoder(paths[0]), load_encoder(paths[1])
