@@ -16,12 +16,10 @@ Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
   python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
 
-A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
-`kind+probe` (that task is a linear probe); path holds train/dev/test files in the formats
-data/tasks.py reads (CoNLL for ner; JSONL or TSV with "text" or "text_a"/"text_b", "label", an
-optional "group"). `default`: the embedded tasks (ner, notes, needle) built from data/world.py.
-Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
-entity-level micro F1 (conlleval rules); the others are reported too.
+A task is `name=kind:path` (kind: cls | multilabel | regression | ner, `kind+probe` for a linear
+probe; path: train/dev/test files as data/tasks.py reads them), `default` the embedded tasks (ner,
+notes, needle). Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression
+Pearson, ner entity-level micro F1 (conlleval rules); the others are reported too.
 
 Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
 Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
@@ -381,9 +379,9 @@ def build_default_tasks(p):
 
 # ----------------------------------------------------------------------------------------
 # Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
-# difference is A's mean over fine-tuning seeds minus B's, both replicates sharing their
-# data order and seed. Fine-tuning seeds within a unit are not independent evidence about
-# pretraining, so they are averaged, never counted as units. Both tests are one-sided (A > B).
+# difference is A's mean over fine-tuning seeds minus B's (same data order and seeds). Seeds
+# are not independent evidence about pretraining: averaged, never counted as units. Both tests
+# are one-sided (A > B).
 # ----------------------------------------------------------------------------------------
 def sign_flip_p(d):
     """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
@@ -407,8 +405,7 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
 def t_quantile(q, df):
-    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically from 0 (the
-    run-time dependencies have no scipy)."""
+    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy at run time)."""
     x = np.linspace(0.0, 100.0, 1_000_001)
     logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
@@ -416,8 +413,7 @@ def t_quantile(q, df):
     return float(np.interp(q, cdf, x))
 
 def mean_interval(d, level=0.95):
-    """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
-    lo = hi = mean for a single unit (no spread to estimate)."""
+    """-> (mean, lo, hi): d's mean and two-sided t interval; lo = hi = mean for one unit (no spread)."""
     d = np.asarray(d, float)
     m, n = float(d.mean()), len(d)
     half = t_quantile(0.5 + level / 2, n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
@@ -614,9 +610,9 @@ def finetune_one(p, model, task, seed, feats=None, desc=""):
 # The comparison: every checkpoint x task x seed, then the tables.
 # ----------------------------------------------------------------------------------------
 def mean_std(xs):
-    """Mean and sample standard deviation (0 for a single seed)."""
+    """dict(mean, std): the sample standard deviation, 0 for a single run."""
     xs = np.asarray(xs, float)
-    return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+    return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
 def arms_of(ckpt_paths):
     """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
@@ -628,8 +624,7 @@ def arms_of(ckpt_paths):
     return arms
 
 def compare(results, names, first, second, samples=10_000):
-    """Statistics of first - second (two arms with the same number of replicates), into results;
-    `samples`: the paired bootstrap's resamples."""
+    """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
     A, B = results["scores"][first], results["scores"][second]
     reps = len(A[names[0]]["replicate_means"])
     if reps != len(B[names[0]]["replicate_means"]):
@@ -670,16 +665,13 @@ def run_arm(p, arm, task_specs, task_info=None):
                 scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
                 print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
                       f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
-    for name in names:
-        sc, runs = scores[name], scores[name]["runs"]
-        sc["mean"], sc["std"] = mean_std([r["test"]["main"] for r in runs])
-        sc["replicate_means"] = [float(np.mean([r["test"]["main"] for r in runs if r["replicate"] == k]))
-                                 for k in range(len(arm))]
+    for sc in scores.values():
+        sc.update(mean_std([r["test"]["main"] for r in sc["runs"]]), replicate_means=[
+            float(np.mean([r["test"]["main"] for r in sc["runs"] if r["replicate"] == k])) for k in range(len(arm))])
     # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
                for i in range(len(arm) * p.seeds)]
-    m, s = mean_std(per_run)
-    scores["average"] = dict(mean=m, std=s, per_run=per_run)
+    scores["average"] = dict(mean_std(per_run), per_run=per_run)
     return scores
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
@@ -750,8 +742,7 @@ def markdown(results, bootstrap_samples):
     return "\n".join(lines) + "\n"
 
 def write_report(p, name, results, text):
-    """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written
-    atomically. -> results"""
+    """<p.out_dir>/<name>.md (the text, also printed) and .json (the results), written atomically. -> results"""
     os.makedirs(p.out_dir, exist_ok=True)
     for ext, content in ((".md", text), (".json", json.dumps(results, indent=1))):
         detour.atomic_write(os.path.join(p.out_dir, name + ext), lambda f: f.write(content.encode("utf-8")))
@@ -767,10 +758,8 @@ def main(argv=None):
     detour.check(settings, RULES, "finetune.py")
     p = Protocol(**settings)
     paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
-    if p.analysis == "cka":
-        return cka_divergence(p, paths)
-    if p.analysis == "drift":
-        return drift(p, paths)
+    if p.analysis in ("cka", "drift"):  # no tasks: neither reads the protocol's CPU default
+        return (cka_divergence if p.analysis == "cka" else drift)(p, paths)
     if p.analysis == "transplant" and not p.layers:
         fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
     if get_device(p).type == "cpu":  # the CPU default (see the Protocol): unless given explicitly
@@ -860,15 +849,13 @@ def cka_divergence(p, paths, text_path=None):
         feats.append(layer_features(p, model, examples))
     if len({len(f) for f in feats}) > 1:
         fail(f"{', '.join(paths)} differ in depth; CKA is compared layer by layer")
-    names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
-    rows = []
-    for l, name in enumerate(names):
-        # CKA <= 1 (Cauchy-Schwarz); max() only hides rounding below 0
-        row = dict(layer=name, d_ab=max(0.0, 1 - linear_cka(feats[0][l], feats[1][l])))
-        if len(paths) == 3:
-            row["d_bc"] = max(0.0, 1 - linear_cka(feats[1][l], feats[2][l]))
-            row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
-        rows.append(row)
+    # d per layer; CKA <= 1 (Cauchy-Schwarz), max() only hides rounding below 0
+    d = lambda i, j, l: max(0.0, 1 - linear_cka(feats[i][l], feats[j][l]))
+    rows = [dict(layer=name, d_ab=d(0, 1, l))
+            for l, name in enumerate(["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)])]
+    for l, row in enumerate(rows if len(paths) == 3 else []):
+        row["d_bc"] = d(1, 2, l)
+        row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
     results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
                    max_len=p.max_len, rows=rows)
     return write_report(p, "cka", results, cka_markdown(results))
@@ -965,10 +952,7 @@ def group_names(model, spec):
 def transplant_model(donor, recipient, spec):
     """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
     hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
-    params = dict(hybrid.named_parameters())
-    with torch.no_grad():
-        for name in group_names(recipient, spec):
-            params[name].copy_(source[name])
+    hybrid.load_state_dict({name: source[name] for name in group_names(recipient, spec)}, strict=False)
     return hybrid
 
 def transplant(p, paths, spec, task_specs):
