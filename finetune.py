@@ -188,7 +188,6 @@ def group_accuracy(examples, gold, pred):
     return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
             for g in names}
 
-
 # Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
 def cls_score(task, examples, out):
     gold, pred = [ex["y"] for ex in examples], [int(z.argmax()) for z in out]
@@ -341,8 +340,7 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
         out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
         limit = p.max_train if split == "train" else p.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
-            keep = sorted(random.Random(0).sample(range(len(out)), limit))
-            out = [out[i] for i in keep]
+            out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
         splits[split] = out
     if n_trunc:
         print(f"{name}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
@@ -351,25 +349,8 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
 
 def parse_tasks(spec, tasks_dir):
-    """`name=kind[+probe]:path,...` (and `default`: the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
-    out = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item == "default":
-            out += parse_tasks(tasks.SPEC.format(d=tasks_dir), tasks_dir)
-            continue
-        name, eq, rest = item.partition("=")
-        kind, colon, path = rest.partition(":")
-        if not (eq and colon and name and path):
-            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), or `default`")
-        kind, _, mode = kind.partition("+")
-        if kind not in KINDS or mode not in ("", "probe"):
-            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(KINDS)}, optionally +probe)")
-        if name == "average" or name in [t[0] for t in out]:
-            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
-        out.append((name, kind, path, mode == "probe"))
-    if not out:
-        fail("no tasks given")
-    return out
+    """--tasks -> [(name, kind, path, probe)]; data/tasks.py reads the spec, KINDS are its kinds."""
+    return tasks.parse_tasks(spec, tasks_dir, KINDS)
 
 def build_default_tasks(p):
     """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
