@@ -280,14 +280,12 @@ def encode(p, tokenizer, text, text_b=None):
     or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     a = tokenizer.encode(text, add_special_tokens=False).ids
-    b = tokenizer.encode(text_b, add_special_tokens=False).ids if text_b is not None else None
-    room = p.max_len - (2 if b is None else 3)
-    truncated = len(a) + len(b or []) > room
-    if b is None:
-        return [cls] + a[:room] + [sep], truncated
+    if text_b is None:
+        return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
+    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
+    truncated = len(a) + len(b) > room
     a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
-    b = b[:room - len(a)]
-    return [cls] + a + [sep] + b + [sep], truncated
+    return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
 
 def encode_words(p, tokenizer, words, tag_ids):
     """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
@@ -462,22 +460,19 @@ def targets(K, examples, dev):
     ys = [y for ex in examples for y in ex["target"] if y != IGNORE] if K.per_token else [ex["y"] for ex in examples]
     return torch.tensor(ys, dtype=K.target).to(dev)
 
-def length_batches(examples, batch_size):
-    """Evaluation batches of similar length (less padding); yields index lists."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
-    for s in range(0, len(order), batch_size):
-        yield order[s:s + batch_size]
+def length_batches(examples, batch_size, order=None):
+    """The examples in `order` (default: all) sorted by length and cut into batches of index lists:
+    similar lengths in a batch, so it pads little (a CPU saver)."""
+    order = sorted(range(len(examples)) if order is None else order, key=lambda i: len(examples[i]["ids"]))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
 
 def train_order(examples, rng, batch_size, group=8):
-    """One epoch of shuffled training batches. Like HF's group_by_length: every `group`
-    batches' worth of shuffled examples is sorted by length before it is cut into batches,
-    so a batch pads little (a CPU saver); the batches are then shuffled again."""
+    """One epoch of shuffled training batches. Like HF's group_by_length: every `group` batches'
+    worth of shuffled examples is cut into length_batches; the batches are then shuffled again."""
     order = list(range(len(examples)))
     rng.shuffle(order)
-    batches = []
-    for s in range(0, len(order), group * batch_size):
-        chunk = sorted(order[s:s + group * batch_size], key=lambda i: len(examples[i]["ids"]))
-        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    batches = [b for s in range(0, len(order), group * batch_size)
+               for b in length_batches(examples, batch_size, order[s:s + group * batch_size])]
     rng.shuffle(batches)
     return batches
 
@@ -537,10 +532,9 @@ def optimizer(p, tm, frozen):
     return torch.optim.AdamW(groups, lr=peak), params, peak
 
 def finetune_one(p, model, task, seed, feats=None, desc=""):
-    """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen
-    encoder, on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch
-    with the best dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean
-    training loss per epoch)."""
+    """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen encoder,
+    on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch with the best
+    dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean loss per epoch)"""
     dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if K.one_output else len(task["labels"])
@@ -888,8 +882,7 @@ def bar(x, top, width=24):
     return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
 
 def drift(p, paths):
-    """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
-    same shape): weight_drift per layer, attention and MLP apart, the embeddings, the head."""
+    """weight_drift of checkpoint A from B, its initialization (or any earlier checkpoint of the same shape)."""
     if len(paths) != 2:
         fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
     model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
@@ -918,16 +911,15 @@ def drift_markdown(results):
 def group_names(model, spec):
     """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
     norm) or layer ranges like "0-7" or "0-3,10" (whole layers)."""
-    names = [name for name, _ in model.named_parameters()]
+    names, n_layers = [name for name, _ in model.named_parameters()], model.config.num_hidden_layers
     if spec in ("attn", "mlp"):
         return [n for n in names if part_of(n)[0] == spec]
     try:
-        chosen = detour.parse_layers(spec, model.config.num_hidden_layers)
-    except SystemExit:
+        chosen = detour.parse_layers(spec, n_layers)
+    except SystemExit:  # parse_layers' message names --freeze_layers
         chosen = []
     if not chosen:
-        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 "
-             f"(the model has {model.config.num_hidden_layers}, from 0)")
+        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 (the model has {n_layers}, from 0)")
     return [n for n in names if part_of(n)[1] in chosen]
 
 def transplant_model(donor, recipient, spec):
