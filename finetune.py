@@ -483,15 +483,15 @@ def head_inputs(tm, examples, idx, feats, dev):
     return tm.features(ids, mask, target)
 
 @torch.no_grad()
-def per_example(p, tm, examples, dev, rows):
-    """rows(batch indices) over length batches, without grad -> per example, in input order, a float
-    CPU tensor: its row, or for NER a row per labeled word (= mapped word)."""
-    tm.eval()
+def per_example(p, model, examples, dev, rows, per_token=False):
+    """rows(batch indices) over length batches, `model` in eval mode, without grad -> per example, in
+    input order, a CPU tensor: its row, or with per_token a row per labeled word (= mapped word)."""
+    model.eval()
     out = [None] * len(examples)
     for idx in length_batches(examples, p.batch_size):
         with autocast(p, dev):
-            x = rows(idx).float().cpu()
-        if tm.per_token:
+            x = rows(idx).cpu()
+        if per_token:
             x = x.split([sum(examples[i]["mapped"]) for i in idx])
         for i, v in zip(idx, x):
             out[i] = v
@@ -502,13 +502,14 @@ def probe_features(p, model, task):
     kept on the CPU, for finetune_one(..., feats) on a probe task."""
     dev = get_device(p)
     tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
-    return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev))
-            for s in ("train", "dev", "test")}
+    return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev).float(),
+                           tm.per_token) for s in ("train", "dev", "test")}
 
 def evaluate(p, tm, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
     K, examples = KINDS[task["kind"]], task[split]
-    out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)))
+    out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)).float(),
+                      K.per_token)
     m = K.score(task, examples, out)
     return dict(m, main=m[K.main])
 
@@ -617,20 +618,19 @@ def compare(results, names, first, second, samples=10_000):
                    p_sign_flip=sign_flip_p(flat), p_bootstrap=paired_bootstrap(flat, [0.0] * len(flat), samples),
                    detectable_difference=detectable_difference(flat))
 
-def run_arm(p, arm, task_specs, task_info=None):
-    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
-    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)};
-    each task's description is appended to `task_info` if given."""
-    dev, names = get_device(p), [t[0] for t in task_specs]
+def run_arm(p, arm, task_specs):
+    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> (its scores
+    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}, the tasks)."""
+    dev, names, tasks_ = get_device(p), [t[0] for t in task_specs], []
     scores = {n: dict(runs=[]) for n in names}
     for rep, ckpt in enumerate(arm):
         model, tokenizer = load_encoder(ckpt)
         model.to(dev)
         for name, kind, path, frozen in task_specs:
             task = load_task(p, name, kind, path, tokenizer, frozen)
-            if task_info is not None and rep == 0:
-                task_info.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
-                                      probe=frozen or p.probe, labels=task["labels"]))
+            if rep == 0:
+                tasks_.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
+                                   probe=frozen or p.probe, labels=task["labels"]))
             # a frozen encoder's features are the same for every seed: compute them once
             feats = probe_features(p, model, task) if frozen or p.probe else None
             for seed in range(p.seeds):
@@ -647,7 +647,7 @@ def run_arm(p, arm, task_specs, task_info=None):
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
                for i in range(len(arm) * p.seeds)]
     scores["average"] = dict(mean_std(per_run), per_run=per_run)
-    return scores
+    return scores, tasks_
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or
@@ -664,7 +664,7 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
     if note:
         results["note"] = note
     for label, arm in zip(labels, arms):
-        results["scores"][label] = run_arm(p, arm, task_specs, results["tasks"] if label == labels[0] else None)
+        results["scores"][label], results["tasks"] = run_arm(p, arm, task_specs)  # the tasks: alike for every arm
     if len(arms) >= 2:
         compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
     return write_report(p, report, results, markdown(results, p.bootstrap_samples))
@@ -783,23 +783,17 @@ def text_examples(p, tokenizer, path):
         fail(f"{path} holds no text")
     return out
 
-@torch.no_grad()
 def layer_features(p, model, examples):
     """Every example's hidden states mean-pooled over its real tokens, at the embedding output and
     after each layer -> L + 1 float64 arrays (n, d); bidirectional, as the encoder is used downstream."""
-    dev = get_device(p)
-    body = model.model.to(dev).eval()
-    feats = {}
-    for idx in length_batches(examples, p.batch_size):
+    dev, body = get_device(p), model.model.to(get_device(p))
+
+    def pooled(idx):  # (B, L + 1, d); float64, which autocast leaves alone
         ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
-        with autocast(p, dev):
-            _, hidden = body(ids, attention_mask=mask, output_hidden_states=True)
         m = mask.unsqueeze(-1).double()
-        for l, h in enumerate(hidden):
-            if l not in feats:
-                feats[l] = np.zeros((len(examples), h.size(-1)))
-            feats[l][idx] = ((h.double() * m).sum(1) / m.sum(1)).cpu().numpy()  # rows in input order
-    return [feats[l] for l in range(len(feats))]
+        hidden = body(ids, attention_mask=mask, output_hidden_states=True)[1]
+        return torch.stack([(h.double() * m).sum(1) / m.sum(1) for h in hidden], 1)
+    return [f.numpy() for f in torch.stack(per_example(p, body, examples, dev, pooled), 1)]
 
 def same_tokenizer(tokenizers, paths):
     if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
