@@ -1,11 +1,10 @@
 """
 finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 
-The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are
-fine-tuned alike (same tasks, same seeds) and compared task by task (mean +- std over runs)
-and on average. Pretraining replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2);
-the unit of the statistics is the (task, replicate) pair, its fine-tuning seeds averaged: an
-exact sign-flip test, a paired bootstrap, 95% intervals and the smallest detectable difference.
+The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are fine-tuned
+alike (same tasks, same seeds) and compared task by task (mean +- std over runs) and on average.
+Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics' unit is the (task,
+replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable difference.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
   python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
@@ -131,8 +130,7 @@ def cls_metrics(gold, pred):
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
 
 def multilabel_metrics(gold, pred):
-    """gold, pred: (N, L) 0/1. Micro F1 pools all decisions; macro F1 averages per label
-    (a label never gold nor predicted counts 0, as sklearn does)."""
+    """(N, L) 0/1. Micro F1 pools all decisions; macro F1 averages labels (one never seen counts 0, as in sklearn)."""
     gold, pred = np.asarray(gold, bool), np.asarray(pred, bool)
     tp, fp, fn = (pred & gold).sum(0), (pred & ~gold).sum(0), (~pred & gold).sum(0)
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
@@ -181,8 +179,7 @@ def entity_f1(gold_seqs, pred_seqs):
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 def group_accuracy(examples, gold, pred):
-    """Accuracy per group tag, for tasks whose examples carry groups (the needle's
-    [position, length]). Ordered by slot, then by first appearance: start, middle, end, ..."""
+    """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
     slots = range(max(len(ex["groups"]) for ex in examples))
     names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples if len(ex["groups"]) > k)
     return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
@@ -228,24 +225,22 @@ KINDS = {
         epochs="epochs", label_set=lambda rows: sorted({ex["label"] for ex in rows}),
         gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
     "multilabel": Kind(
-        main="micro_f1", target=torch.float, epochs="epochs", weighted=True,
+        main="micro_f1", target=torch.float, epochs="epochs", weighted=True, gold=lambda label: label,
         score=lambda task, exs, out: multilabel_metrics([ex["y"] for ex in exs], [(z > 0).numpy() for z in out]),
         loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
-        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
         y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
     "regression": Kind(
-        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        main="pearson", target=torch.float, epochs="epochs", one_output=True, label_set=lambda rows: [],
         score=lambda task, exs, out: regression_metrics([ex["y"] for ex in exs], [float(z[0]) for z in out]),
-        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), label_set=lambda rows: [],
-        gold=lambda label: [], y=lambda label, index: label),
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [], y=lambda label, index: label),
     "ner": Kind(
         main="f1", score=ner_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
         epochs="ner_epochs", label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
 }
 
 # ----------------------------------------------------------------------------------------
-# Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
-# out_dir holding one in hf/.
+# Checkpoints: an HF dir (config.json, model.safetensors, tokenizer.json) or a detour out_dir with one in hf/.
 # ----------------------------------------------------------------------------------------
 def hf_dir(path):
     for d in (path, os.path.join(path, "hf")):
@@ -324,8 +319,7 @@ def encode_example(p, K, tokenizer, ex, index, file):
     return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
 
 def load_task(p, name, kind, path, tokenizer, frozen=False):
-    """Read train/dev/test of one task and encode them -> task dict.
-    The label set comes from the training split (sorted); dev/test labels must be in it."""
+    """Read and encode one task's train/dev/test -> task dict; the label set is the training split's."""
     if kind not in KINDS:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
     K = KINDS[kind]
@@ -357,10 +351,9 @@ def build_default_tasks(p):
         p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
 
 # ----------------------------------------------------------------------------------------
-# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
-# difference is A's mean over fine-tuning seeds minus B's (same data order and seeds). Seeds
-# are not independent evidence about pretraining: averaged, never counted as units. Both tests
-# are one-sided (A > B).
+# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
+# fine-tuning seeds minus B's (same data order and seeds). Seeds are not independent evidence
+# about pretraining: averaged, never counted as units. Both tests are one-sided (A > B).
 # ----------------------------------------------------------------------------------------
 def sign_flip_p(d):
     """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
@@ -411,11 +404,10 @@ def format_p(p):
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
 # ----------------------------------------------------------------------------------------
-# The fine-tuning model: transformers' ModernBertForTokenClassification (NER) and
-# ModernBertForSequenceClassification (the rest), layer for layer: encoder body ->
-# [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM prediction head (dense,
-# GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. Parameter
-# names match HF's (model.*, head.*, classifier.*). Only the MLM decoder is left out.
+# The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification, layer for
+# layer: encoder body -> [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM head
+# (dense, GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. HF's
+# parameter names (model.*, head.*, classifier.*); only the MLM decoder is left out.
 # ----------------------------------------------------------------------------------------
 class TaskModel(nn.Module):
     def __init__(self, encoder, n_out, per_token, pooling, dropout):
@@ -461,8 +453,7 @@ def targets(K, examples, dev):
     return torch.tensor(ys, dtype=K.target).to(dev)
 
 def length_batches(examples, batch_size, order=None):
-    """The examples in `order` (default: all) sorted by length and cut into batches of index lists:
-    similar lengths in a batch, so it pads little (a CPU saver)."""
+    """`order` (default: all examples) sorted by length, cut into batches of indices: little padding (a CPU saver)."""
     order = sorted(range(len(examples)) if order is None else order, key=lambda i: len(examples[i]["ids"]))
     return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
 
@@ -498,8 +489,7 @@ def per_example(p, model, examples, dev, rows, per_token=False):
     return out
 
 def probe_features(p, model, task):
-    """The frozen encoder's head inputs for every split, computed once (linear probing) and
-    kept on the CPU, for finetune_one(..., feats) on a probe task."""
+    """A frozen encoder's head inputs, per split, on the CPU: computed once for all of a probe's seeds."""
     dev = get_device(p)
     tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
     return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev).float(),
@@ -541,8 +531,7 @@ def finetune_one(p, model, task, seed, feats=None, desc=""):
     n_out = 1 if K.one_output else len(task["labels"])
     # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the loaded
     # one (moved to the device) and only ever runs it once, without grad, in probe_features()
-    encoder = model.to(dev) if frozen else copy.deepcopy(model)
-    tm = TaskModel(encoder, n_out, K.per_token, p.pooling, p.dropout).to(dev)
+    tm = TaskModel(model.to(dev) if frozen else copy.deepcopy(model), n_out, K.per_token, p.pooling, p.dropout).to(dev)
     feats = (feats or probe_features(p, model, task)) if frozen else dict.fromkeys(("train", "dev", "test"))
     pw = pos_weights(p, train, n_out, dev) if K.weighted else None
     opt, params, peak = optimizer(p, tm, frozen)
@@ -591,8 +580,7 @@ def mean_std(xs):
     return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
 def arms_of(ckpt_paths):
-    """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
-    pretraining replicates of one arm, in the same replicate order for every arm)."""
+    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, in one order for all arms)."""
     arms = [list(p) if isinstance(p, (list, tuple)) else [q for q in p.split("+") if q] for p in ckpt_paths]
     flat = [p for arm in arms for p in arm]
     if len(set(flat)) != len(flat):
@@ -650,9 +638,9 @@ def run_arm(p, arm, task_specs):
     return scores, tasks_
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or
-    parse_tasks' list) with seeds 0..p.seeds-1, compare the first arm with the second, write
-    <p.out_dir>/<report>.md (`note` above the table) and .json. -> the results dict (the json)."""
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or parse_tasks' list),
+    seeds 0..p.seeds-1; compare the first arm with the second; write <p.out_dir>/<report>.md (`note` above the
+    table) and .json. -> results"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
@@ -725,8 +713,7 @@ def write_report(p, name, results, text):
     return results
 
 def main(argv=None):
-    """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
-    -> the comparison (run) or an analysis."""
+    """The command line -> one Protocol (defaults, --key overrides, CPU default) -> run or an analysis."""
     settings = asdict(Protocol())
     given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
                                    ("class Protocol", "\nCPU_DEFAULTS"))
@@ -753,14 +740,12 @@ def main(argv=None):
 
 
 # ========================================================================================
-# Analyses: why does the detour work? The paper's analysis, built on the functions above
-# (--analysis; layers are numbered from 0, as in --freeze_layers):
+# Analyses: why does the detour work? The paper's analyses, built on the functions above (--analysis;
+# layers are numbered from 0, as in --freeze_layers; results in <out_dir>/<mode>.md and .json):
 #   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
 #               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
 #   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
-#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B,
-#               saved as an HF dir and linear-probed next to A and B
-# Results: <out_dir>/<mode>.md and .json.
+#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B, probed
 # ========================================================================================
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
@@ -827,20 +812,17 @@ def cka_divergence(p, paths, text_path=None):
         row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
     results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
                    max_len=p.max_len, rows=rows)
-    return write_report(p, "cka", results, cka_markdown(results))
-
-def cka_markdown(results):
-    control = "C" in results["checkpoints"]
+    control = len(paths) == 3  # the report: a row per layer, the columns of C only with C
     cells = lambda row: [row["layer"], f"{row['d_ab']:.4f}"] + (
         [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"] if control else [])
     lines = md_table(["layer", "d(A, B)"] + (["d(B, C)", "r = d(A, B) / d(B, C)"] if control else []),
-                     [cells(row) for row in results["rows"]])
+                     [cells(row) for row in rows])
     lines += [""] + [f"{k}: {path}" for k, path in results["checkpoints"].items()]
     lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
-                 f"{results['n_texts']} sentences of {results['texts']}; layer i = the output of layer i.")
+                 f"{len(examples)} sentences of {text_path}; layer i = the output of layer i.")
     if control:
         lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
-    return "\n".join(lines) + "\n"
+    return write_report(p, "cka", results, "\n".join(lines) + "\n")
 
 def part_of(name):
     """A parameter name -> (part, layer): ("attn", i) for layer i's Wqkv, Wo, attn_norm, ("mlp", i)
@@ -856,10 +838,9 @@ def same_shapes(a, b, paths):
         fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
 
 def weight_drift(model, init):
-    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init`, for each part (see
-    part_of; its tensors taken together as one W) and for each tensor. A norm's gain (1 at
-    init, norm sqrt(d)) weighs as much as a weight matrix of std 0.02 and d^2 entries: the
-    tensors are kept apart too. -> ({(part, layer): change}, {parameter name: change})"""
+    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init` per part (part_of; its tensors
+    as one W), and per tensor: a norm's gain (1 at init, norm sqrt(d)) weighs as much as a std-0.02 matrix
+    of d^2 entries. -> ({(part, layer): change}, {parameter name: change})"""
     start, sums, tensors = dict(init.named_parameters()), {}, {}
     ratio = lambda d2, b2: math.sqrt(d2 / b2) if b2 else None  # None: W0 = 0 (a zero-initialized bias)
     for name, w in model.named_parameters():
@@ -882,29 +863,23 @@ def drift(p, paths):
     model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
     same_shapes(model, init, paths)
     d, tensors = weight_drift(model, init)
-    results = dict(checkpoint=paths[0], init=paths[1], embeddings=d[("embeddings", None)],
-                   layers=[dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
-                           for i in range(model.config.num_hidden_layers)],
-                   head=d[("head", None)], tensors=tensors)
-    return write_report(p, "drift", results, drift_markdown(results))
-
-def drift_markdown(results):
-    layers = results["layers"]
-    top = max([results["embeddings"], results["head"]] + [r[k] for r in layers for k in ("attn", "mlp")])
-    chart = [f"embeddings    {results['embeddings']:.4f} {bar(results['embeddings'], top)}".rstrip()]
-    chart += [f"layer {r['layer']:2d} attn {r['attn']:.4f} {bar(r['attn'], top)}  mlp {r['mlp']:.4f} "
-              f"{bar(r['mlp'], top)}".rstrip() for r in layers]
-    chart.append(f"head          {results['head']:.4f} {bar(results['head'], top)}".rstrip())
-    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {results['embeddings']:.4f} | |"]
+    emb, head = d[("embeddings", None)], d[("head", None)]
+    layers = [dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)]) for i in range(model.config.num_hidden_layers)]
+    results = dict(checkpoint=paths[0], init=paths[1], embeddings=emb, layers=layers, head=head, tensors=tensors)
+    # the report: every part as a number and a bar (one scale for all), then as a table
+    top = max([emb, head] + [r[k] for r in layers for k in ("attn", "mlp")])
+    show = lambda x: f"{x:.4f} {bar(x, top)}"
+    chart = [f"embeddings    {show(emb)}"] + [f"layer {r['layer']:2d} attn {show(r['attn'])}  mlp {show(r['mlp'])}"
+                                              for r in layers] + [f"head          {show(head)}"]
+    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {emb:.4f} | |"]
     table += [f"| layer {r['layer']} | {r['attn']:.4f} | {r['mlp']:.4f} |" for r in layers]
-    table.append(f"| final norm + MLM head | {results['head']:.4f} | |")
-    return "\n".join(
-        [f"Weight drift of {results['checkpoint']} from {results['init']}: ||W - W0|| / ||W0|| per part "
-         "(attention = Wqkv, Wo, attn_norm; MLP = Wi, Wo, mlp_norm).", "", "```", *chart, "```", "", *table]) + "\n"
+    table.append(f"| final norm + MLM head | {head:.4f} | |")
+    return write_report(p, "drift", results, "\n".join(
+        [f"Weight drift of {paths[0]} from {paths[1]}: ||W - W0|| / ||W0|| per part (attention = Wqkv, Wo, attn_norm; "
+         "MLP = Wi, Wo, mlp_norm).", "", "```", *[c.rstrip() for c in chart], "```", "", *table]) + "\n")
 
 def group_names(model, spec):
-    """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
-    norm) or layer ranges like "0-7" or "0-3,10" (whole layers)."""
+    """A layer group's parameters: attn or mlp (that module of every layer, with its norm) or layers 0-7, 0-3,10."""
     names, n_layers = [name for name, _ in model.named_parameters()], model.config.num_hidden_layers
     if spec in ("attn", "mlp"):
         return [n for n in names if part_of(n)[0] == spec]
