@@ -130,7 +130,7 @@ def cls_metrics(gold, pred):
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
 
 def multilabel_metrics(gold, pred):
-    """(N, L) 0/1. Micro F1 pools all decisions; macro F1 averages labels (one never seen counts 0, as in sklearn)."""
+    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never seen: 0, as sklearn)."""
     gold, pred = np.asarray(gold, bool), np.asarray(pred, bool)
     tp, fp, fn = (pred & gold).sum(0), (pred & ~gold).sum(0), (~pred & gold).sum(0)
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
@@ -225,10 +225,10 @@ KINDS = {
         epochs="epochs", label_set=lambda rows: sorted({ex["label"] for ex in rows}),
         gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
     "multilabel": Kind(
-        main="micro_f1", target=torch.float, epochs="epochs", weighted=True, gold=lambda label: label,
+        main="micro_f1", target=torch.float, epochs="epochs", weighted=True,
         score=lambda task, exs, out: multilabel_metrics([ex["y"] for ex in exs], [(z > 0).numpy() for z in out]),
         loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
-        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
         y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
     "regression": Kind(
         main="pearson", target=torch.float, epochs="epochs", one_output=True, label_set=lambda rows: [],
@@ -609,7 +609,7 @@ def compare(results, names, first, second, samples=10_000):
 def run_arm(p, arm, task_specs):
     """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> (its scores
     {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}, the tasks)."""
-    dev, names, tasks_ = get_device(p), [t[0] for t in task_specs], []
+    dev, names, task_info = get_device(p), [t[0] for t in task_specs], []
     scores = {n: dict(runs=[]) for n in names}
     for rep, ckpt in enumerate(arm):
         model, tokenizer = load_encoder(ckpt)
@@ -617,8 +617,8 @@ def run_arm(p, arm, task_specs):
         for name, kind, path, frozen in task_specs:
             task = load_task(p, name, kind, path, tokenizer, frozen)
             if rep == 0:
-                tasks_.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
-                                   probe=frozen or p.probe, labels=task["labels"]))
+                task_info.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
+                                      probe=frozen or p.probe, labels=task["labels"]))
             # a frozen encoder's features are the same for every seed: compute them once
             feats = probe_features(p, model, task) if frozen or p.probe else None
             for seed in range(p.seeds):
@@ -635,7 +635,7 @@ def run_arm(p, arm, task_specs):
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
                for i in range(len(arm) * p.seeds)]
     scores["average"] = dict(mean_std(per_run), per_run=per_run)
-    return scores, tasks_
+    return scores, task_info
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or parse_tasks' list),
@@ -720,7 +720,7 @@ def main(argv=None):
     detour.check(settings, RULES, "finetune.py")
     p = Protocol(**settings)
     paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
-    if p.analysis in ("cka", "drift"):  # no tasks: neither reads the protocol's CPU default
+    if p.analysis in ("cka", "drift"):  # no fine-tuning: the CPU default does not apply
         return (cka_divergence if p.analysis == "cka" else drift)(p, paths)
     if p.analysis == "transplant" and not p.layers:
         fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
@@ -745,7 +745,7 @@ def main(argv=None):
 #   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
 #               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
 #   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
-#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B, probed
+#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B, linear-probed
 # ========================================================================================
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
@@ -771,7 +771,8 @@ def text_examples(p, tokenizer, path):
 def layer_features(p, model, examples):
     """Every example's hidden states mean-pooled over its real tokens, at the embedding output and
     after each layer -> L + 1 float64 arrays (n, d); bidirectional, as the encoder is used downstream."""
-    dev, body = get_device(p), model.model.to(get_device(p))
+    dev = get_device(p)
+    body = model.model.to(dev)
 
     def pooled(idx):  # (B, L + 1, d); float64, which autocast leaves alone
         ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
