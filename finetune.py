@@ -1,31 +1,24 @@
 """
 finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 
-The paper judges the CLM detour by what it does downstream: the detour encoder and its
-MLM-only twin are fine-tuned the same way, on the same tasks, with the same seeds, and
-the scores are compared task by task (mean +- std over runs) and on average. Pretraining
-replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the unit of the statistics
-is the (task, replicate) pair, its fine-tuning seeds averaged: an exact sign-flip test, a
-paired bootstrap, 95% intervals and the smallest difference the design can detect.
+The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are fine-tuned
+alike (same tasks, same seeds) and compared task by task (mean +- std over runs) and on average.
+Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics' unit is the (task,
+replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable difference.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
   python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
   python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
-
 Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
   python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
 
-A task is `name=kind:path`, kind one of cls | multilabel | regression | ner, optionally
-`kind+probe` (that task is a linear probe), path a directory with train/dev/test files, read
-by data/tasks.py: CoNLL (`token<TAB>tag` lines, blank line between sentences) for ner; for
-the others JSONL ({"text": ...} or {"text_a": ..., "text_b": ...}, "label": a string, a list
-of strings or a number; optional "group" for per-group accuracy) or TSV with a header.
-Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression Pearson, ner
-entity-level micro F1 (conlleval rules); the others are reported too. `default`: the
-embedded tasks (ner, notes, needle) that data/tasks.py builds from data/world.py.
+A task is `name=kind:path` (kind: cls | multilabel | regression | ner, `kind+probe` for a linear
+probe; path: train/dev/test files as data/tasks.py reads them), `default` the embedded tasks (ner,
+notes, needle). Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression
+Pearson, ner entity-level micro F1 (conlleval rules); the others are reported too.
 
 Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
 Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
@@ -137,8 +130,7 @@ def cls_metrics(gold, pred):
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
 
 def multilabel_metrics(gold, pred):
-    """gold, pred: (N, L) 0/1. Micro F1 pools all decisions; macro F1 averages per label
-    (a label never gold nor predicted counts 0, as sklearn does)."""
+    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never seen: 0, as sklearn)."""
     gold, pred = np.asarray(gold, bool), np.asarray(pred, bool)
     tp, fp, fn = (pred & gold).sum(0), (pred & ~gold).sum(0), (~pred & gold).sum(0)
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
@@ -183,21 +175,15 @@ def entity_f1(gold_seqs, pred_seqs):
     gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
     pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
     tp = len(gold & pred)
-    p = tp / len(pred) if pred else 0.0
-    r = tp / len(gold) if gold else 0.0
+    p, r = (tp / len(pred) if pred else 0.0), (tp / len(gold) if gold else 0.0)
     return p, r, (2 * p * r / (p + r) if p + r else 0.0)
 
 def group_accuracy(examples, gold, pred):
-    """Accuracy per group tag, for tasks whose examples carry groups (the needle's
-    [position, length]). Ordered by slot, then by first appearance: start, middle, end, ..."""
-    names = []
-    for k in range(max(len(ex["groups"]) for ex in examples)):
-        for ex in examples:
-            if len(ex["groups"]) > k and ex["groups"][k] not in names:
-                names.append(ex["groups"][k])
+    """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
+    slots = range(max(len(ex["groups"]) for ex in examples))
+    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples if len(ex["groups"]) > k)
     return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
             for g in names}
-
 
 # Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
 def cls_score(task, examples, out):
@@ -245,24 +231,21 @@ KINDS = {
         label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
         y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
     "regression": Kind(
-        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        main="pearson", target=torch.float, epochs="epochs", one_output=True, label_set=lambda rows: [],
         score=lambda task, exs, out: regression_metrics([ex["y"] for ex in exs], [float(z[0]) for z in out]),
-        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), label_set=lambda rows: [],
-        gold=lambda label: [], y=lambda label, index: label),
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [], y=lambda label, index: label),
     "ner": Kind(
         main="f1", score=ner_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
         epochs="ner_epochs", label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
 }
 
 # ----------------------------------------------------------------------------------------
-# Checkpoints: an HF dir (config.json + model.safetensors + tokenizer.json) or a detour
-# out_dir holding one in hf/.
+# Checkpoints: an HF dir (config.json, model.safetensors, tokenizer.json) or a detour out_dir with one in hf/.
 # ----------------------------------------------------------------------------------------
 def hf_dir(path):
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    if os.path.exists(os.path.join(path, "hf", "config.json")):
-        return os.path.join(path, "hf")
+    for d in (path, os.path.join(path, "hf")):
+        if os.path.exists(os.path.join(d, "config.json")):
+            return d
     if os.path.exists(os.path.join(path, "ckpt.pt")):
         fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
     fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
@@ -276,8 +259,7 @@ def load_encoder(path):
     model, tokenizer = detour.load_hf(d), detour.load_tokenizer(tok_path)
     c = model.config
     if tokenizer.get_vocab_size() > c.vocab_size:
-        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; "
-             "wrong tokenizer?")
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; wrong tokenizer?")
     for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
         if tokenizer.token_to_id(name) != want:
             fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
@@ -293,24 +275,18 @@ def encode(p, tokenizer, text, text_b=None):
     or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     a = tokenizer.encode(text, add_special_tokens=False).ids
-    b = tokenizer.encode(text_b, add_special_tokens=False).ids if text_b is not None else None
-    room = p.max_len - (2 if b is None else 3)
-    truncated = len(a) + len(b or []) > room
-    if b is None:
-        return [cls] + a[:room] + [sep], truncated
+    if text_b is None:
+        return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
+    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
+    truncated = len(a) + len(b) > room
     a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
-    b = b[:room - len(a)]
-    return [cls] + a + [sep] + b + [sep], truncated
+    return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
 
 def encode_words(p, tokenizer, words, tag_ids):
-    """Words joined by spaces, tokenized as running text (as in pretraining), each word's
-    first sub-token gets its tag, every other token IGNORE.
-    -> (ids, target, mapped, truncated); mapped[w] is False for a word with no token of its
-    own (cut by max_len, or swallowed by a previous word's token): it is predicted O."""
-    text, starts = "", []
-    for w in words:
-        starts.append(len(text) + (1 if text else 0))
-        text += (" " if text else "") + w
+    """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
+    sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
+    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
+    text = " ".join(words)
     enc = tokenizer.encode(text, add_special_tokens=False)
     ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
     char_tok = [-1] * len(text)          # the first token that covers each character
@@ -318,15 +294,15 @@ def encode_words(p, tokenizer, words, tag_ids):
         for ch in range(s, e):
             if char_tok[ch] < 0:
                 char_tok[ch] = t
-    target, mapped, last = [IGNORE] * len(ids), [], -1
-    for w, (start, tag) in enumerate(zip(starts, tag_ids)):
-        t = next((char_tok[ch] for ch in range(start, start + len(words[w])) if char_tok[ch] >= 0), -1)
+    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
+    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
+        t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
+        start += len(word) + 1
         mapped.append(t > last)
         if t > last:
             target[t], last = tag, t
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return ([cls] + ids + [sep], [IGNORE] + target + [IGNORE],
-            mapped, len(enc.ids) > p.max_len - 2)
+    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
 
 def encode_example(p, K, tokenizer, ex, index, file):
     """One read example -> (encoded example, truncated); its labels must be in `index`."""
@@ -343,8 +319,7 @@ def encode_example(p, K, tokenizer, ex, index, file):
     return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
 
 def load_task(p, name, kind, path, tokenizer, frozen=False):
-    """Read train/dev/test of one task and encode them -> task dict.
-    The label set comes from the training split (sorted); dev/test labels must be in it."""
+    """Read and encode one task's train/dev/test -> task dict; the label set is the training split's."""
     if kind not in KINDS:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
     K = KINDS[kind]
@@ -353,15 +328,11 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
     index = {l: i for i, l in enumerate(labels)}
     splits, n_trunc = {}, 0
     for split, (file, rows) in raw.items():
-        out = []
-        for ex in rows:
-            encoded, cut = encode_example(p, K, tokenizer, ex, index, file)
-            out.append(encoded)
-            n_trunc += cut
+        encoded = [encode_example(p, K, tokenizer, ex, index, file) for ex in rows]
+        out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
         limit = p.max_train if split == "train" else p.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
-            keep = sorted(random.Random(0).sample(range(len(out)), limit))
-            out = [out[i] for i in keep]
+            out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
         splits[split] = out
     if n_trunc:
         print(f"{name}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
@@ -370,25 +341,8 @@ def load_task(p, name, kind, path, tokenizer, frozen=False):
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
 
 def parse_tasks(spec, tasks_dir):
-    """`name=kind[+probe]:path,...` (and `default`: the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
-    out = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item == "default":
-            out += parse_tasks(tasks.SPEC.format(d=tasks_dir), tasks_dir)
-            continue
-        name, eq, rest = item.partition("=")
-        kind, colon, path = rest.partition(":")
-        if not (eq and colon and name and path):
-            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), or `default`")
-        kind, _, mode = kind.partition("+")
-        if kind not in KINDS or mode not in ("", "probe"):
-            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(KINDS)}, optionally +probe)")
-        if name == "average" or name in [t[0] for t in out]:
-            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
-        out.append((name, kind, path, mode == "probe"))
-    if not out:
-        fail("no tasks given")
-    return out
+    """--tasks -> [(name, kind, path, probe)]; data/tasks.py reads the spec, KINDS are its kinds."""
+    return tasks.parse_tasks(spec, tasks_dir, KINDS)
 
 def build_default_tasks(p):
     """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
@@ -397,10 +351,9 @@ def build_default_tasks(p):
         p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
 
 # ----------------------------------------------------------------------------------------
-# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: its paired
-# difference is A's mean over fine-tuning seeds minus B's, both replicates sharing their
-# data order and seed. Fine-tuning seeds within a unit are not independent evidence about
-# pretraining, so they are averaged, never counted as units. Both tests are one-sided (A > B).
+# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
+# fine-tuning seeds minus B's (same data order and seeds). Seeds are not independent evidence
+# about pretraining: averaged, never counted as units. Both tests are one-sided (A > B).
 # ----------------------------------------------------------------------------------------
 def sign_flip_p(d):
     """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
@@ -414,10 +367,9 @@ def sign_flip_p(d):
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
-    """One-sided bootstrap p that `a` beats `b`: resample the paired units a_i - b_i with
-    replacement; p = (1 + #resampled means <= 0) / (1 + samples), so p >= 1/(samples + 1)
-    and never prints as 0. Anti-conservative for a handful of units (it treats the observed
-    spread as the population's): read it next to the sign-flip p. Fixed RNG seed."""
+    """One-sided bootstrap p that `a` beats `b` over the paired units a_i - b_i resampled with a fixed
+    seed: p = (1 + #means <= 0) / (1 + samples) >= 1/(samples + 1), never printed as 0. Anti-conservative
+    for a handful of units (it takes the observed spread for the population's): read it next to sign_flip_p."""
     d = np.asarray(a, float) - np.asarray(b, float)
     if not np.any(d):
         return 1.0  # no difference at all: no evidence
@@ -425,8 +377,7 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
 def t_quantile(q, df):
-    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically from 0 (the
-    run-time dependencies have no scipy)."""
+    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy at run time)."""
     x = np.linspace(0.0, 100.0, 1_000_001)
     logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
@@ -434,22 +385,18 @@ def t_quantile(q, df):
     return float(np.interp(q, cdf, x))
 
 def mean_interval(d, level=0.95):
-    """Mean of the differences d with its two-sided t interval (df = n - 1); (mean, lo, hi),
-    lo = hi = mean for a single unit (no spread to estimate)."""
+    """-> (mean, lo, hi): d's mean and two-sided t interval; lo = hi = mean for one unit (no spread)."""
     d = np.asarray(d, float)
-    m = float(d.mean())
-    if len(d) < 2:
-        return m, m, m
-    half = t_quantile(0.5 + level / 2, len(d) - 1) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    m, n = float(d.mean()), len(d)
+    half = t_quantile(0.5 + level / 2, n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
     return m, m - half, m + half
 
 def detectable_difference(d, alpha=0.05, power=0.80):
     """The smallest true mean difference a one-sided paired t test at `alpha` over these
     units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
-    d = np.asarray(d, float)
-    if len(d) < 2:
+    d, df = np.asarray(d, float), len(d) - 1
+    if df < 1:
         return float("nan")
-    df = len(d) - 1
     return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
 
 def format_p(p):
@@ -457,11 +404,10 @@ def format_p(p):
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
 # ----------------------------------------------------------------------------------------
-# The fine-tuning model: transformers' ModernBertForTokenClassification (NER) and
-# ModernBertForSequenceClassification (the rest), layer for layer: encoder body ->
-# [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM prediction head (dense,
-# GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. Parameter
-# names match HF's (model.*, head.*, classifier.*). Only the MLM decoder is left out.
+# The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification, layer for
+# layer: encoder body -> [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM head
+# (dense, GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. HF's
+# parameter names (model.*, head.*, classifier.*); only the MLM decoder is left out.
 # ----------------------------------------------------------------------------------------
 class TaskModel(nn.Module):
     def __init__(self, encoder, n_out, per_token, pooling, dropout):
@@ -472,10 +418,6 @@ class TaskModel(nn.Module):
         std = encoder.config.hidden_size ** -0.5  # HF's "final_out" init of the classifier
         nn.init.trunc_normal_(self.classifier.weight, std=std, a=-2 * std, b=2 * std)
         nn.init.zeros_(self.classifier.bias)
-
-    @property
-    def config(self):
-        return self.model.config
 
     def features(self, ids, mask, target=None):
         """Classifier inputs: head(pooled body output) (B, d), or for NER head(h) of the
@@ -499,90 +441,67 @@ def autocast(p, dev):
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
 def pad_batch(examples, pad_id, dev):
+    """-> (ids, attention mask, targets), each (B, T) on dev, padded with pad_id, 0 and IGNORE."""
     T = max(len(ex["ids"]) for ex in examples)
-    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.long)
-    target = torch.full((len(examples), T), IGNORE, dtype=torch.long)
-    for i, ex in enumerate(examples):
-        ids[i, :len(ex["ids"])] = torch.tensor(ex["ids"])
-        mask[i, :len(ex["ids"])] = 1
-        if "target" in ex:
-            target[i, :len(ex["target"])] = torch.tensor(ex["target"])
-    return ids.to(dev), mask.to(dev), target.to(dev)
+    pad = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long).to(dev)
+    return (pad([ex["ids"] for ex in examples], pad_id), pad([[1] * len(ex["ids"]) for ex in examples], 0),
+            pad([ex.get("target", []) for ex in examples], IGNORE))
 
 def targets(K, examples, dev):
     """A batch's training targets: one per labeled word (NER) or per example."""
-    if K.per_token:
-        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
-    else:
-        ys = [ex["y"] for ex in examples]
+    ys = [y for ex in examples for y in ex["target"] if y != IGNORE] if K.per_token else [ex["y"] for ex in examples]
     return torch.tensor(ys, dtype=K.target).to(dev)
 
-def length_batches(examples, batch_size):
-    """Evaluation batches of similar length (less padding); yields index lists."""
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
-    for s in range(0, len(order), batch_size):
-        yield order[s:s + batch_size]
+def length_batches(examples, batch_size, order=None):
+    """`order` (default: all examples) sorted by length, cut into batches of indices: little padding (a CPU saver)."""
+    order = sorted(range(len(examples)) if order is None else order, key=lambda i: len(examples[i]["ids"]))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
 
 def train_order(examples, rng, batch_size, group=8):
-    """One epoch of shuffled training batches. Like HF's group_by_length: every `group`
-    batches' worth of shuffled examples is sorted by length before it is cut into batches,
-    so a batch pads little (a CPU saver); the batches are then shuffled again."""
+    """One epoch of shuffled training batches. Like HF's group_by_length: every `group` batches'
+    worth of shuffled examples is cut into length_batches; the batches are then shuffled again."""
     order = list(range(len(examples)))
     rng.shuffle(order)
-    batches = []
-    for s in range(0, len(order), group * batch_size):
-        chunk = sorted(order[s:s + group * batch_size], key=lambda i: len(examples[i]["ids"]))
-        batches += [chunk[b:b + batch_size] for b in range(0, len(chunk), batch_size)]
+    batches = [b for s in range(0, len(order), group * batch_size)
+               for b in length_batches(examples, batch_size, order[s:s + group * batch_size])]
     rng.shuffle(batches)
     return batches
 
+def head_inputs(tm, examples, idx, feats, dev):
+    if feats is not None:  # probing: precomputed, the encoder does not run
+        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
+    ids, mask, target = pad_batch([examples[i] for i in idx], tm.model.config.pad_token_id, dev)
+    return tm.features(ids, mask, target)
+
 @torch.no_grad()
-def embed(p, tm, examples, dev):
-    """Frozen-encoder head inputs for every example, computed once (linear probing):
-    a (d,) vector each, or (n_labeled_tokens, d) for NER; kept on the CPU."""
-    tm.eval()
+def per_example(p, model, examples, dev, rows, per_token=False):
+    """rows(batch indices) over length batches, `model` in eval mode, without grad -> per example, in
+    input order, a CPU tensor: its row, or with per_token a row per labeled word (= mapped word)."""
+    model.eval()
     out = [None] * len(examples)
     for idx in length_batches(examples, p.batch_size):
-        batch = [examples[i] for i in idx]
-        ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
         with autocast(p, dev):
-            x = tm.features(ids, mask, target).float().cpu()
-        if tm.per_token:
-            x = x.split([sum(y != IGNORE for y in ex["target"]) for ex in batch])
+            x = rows(idx).cpu()
+        if per_token:
+            x = x.split([sum(examples[i]["mapped"]) for i in idx])
         for i, v in zip(idx, x):
             out[i] = v
     return out
 
 def probe_features(p, model, task):
-    """{split: embed(...)} of the frozen encoder, for finetune_one(..., feats) on a probe task."""
+    """A frozen encoder's head inputs, per split, on the CPU: computed once for all of a probe's seeds."""
     dev = get_device(p)
     tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
-    return {s: embed(p, tm, task[s], dev) for s in ("train", "dev", "test")}
+    return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev).float(),
+                           tm.per_token) for s in ("train", "dev", "test")}
 
-def head_inputs(tm, examples, idx, feats, dev):
-    if feats is not None:  # probing: precomputed, the encoder does not run
-        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
-    batch = [examples[i] for i in idx]
-    ids, mask, target = pad_batch(batch, tm.config.pad_token_id, dev)
-    return tm.features(ids, mask, target)
-
-@torch.no_grad()
 def evaluate(p, tm, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
-    tm.eval()
     K, examples = KINDS[task["kind"]], task[split]
-    out = [None] * len(examples)
-    for idx in length_batches(examples, p.batch_size):
-        with autocast(p, dev):
-            logits = tm(head_inputs(tm, examples, idx, feats, dev)).float().cpu()
-        if K.per_token:  # one row per labeled word: split them by example
-            logits = logits.split([sum(examples[i]["mapped"]) for i in idx])
-        for i, z in zip(idx, logits):
-            out[i] = z
+    out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)).float(),
+                      K.per_token)
     m = K.score(task, examples, out)
-    m["main"] = m[K.main]
-    return m
+    return dict(m, main=m[K.main])
 
 # ----------------------------------------------------------------------------------------
 # Fine-tuning one (checkpoint, task, seed).
@@ -603,21 +522,17 @@ def optimizer(p, tm, frozen):
     peak = p.probe_lr if frozen else p.learning_rate
     return torch.optim.AdamW(groups, lr=peak), params, peak
 
-def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
-    """Fine-tune a fresh copy of `model`'s encoder (or, for a probe task, a head on the
-    frozen encoder) on task["train"] with `seed`; pick the epoch with the best dev main
-    metric; report test with that epoch's weights.
-    -> dict(dev=metrics, test=metrics, epoch=best epoch, losses=mean training loss per epoch),
-    plus model=the TaskModel with the best epoch's weights when keep_model (for analysis).
-    `feats`: optional probe_features(p, model, task), to share them across seeds."""
+def finetune_one(p, model, task, seed, feats=None, desc=""):
+    """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen encoder,
+    on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch with the best
+    dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean loss per epoch)"""
     dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if K.one_output else len(task["labels"])
-    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the
-    # loaded one (moved to the device) and only ever runs it once, without grad, in embed()
-    encoder = model.to(dev) if frozen else copy.deepcopy(model)
-    tm = TaskModel(encoder, n_out, K.per_token, p.pooling, p.dropout).to(dev)
-    feats = (feats or probe_features(p, model, task)) if frozen else {"train": None, "dev": None, "test": None}
+    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the loaded
+    # one (moved to the device) and only ever runs it once, without grad, in probe_features()
+    tm = TaskModel(model.to(dev) if frozen else copy.deepcopy(model), n_out, K.per_token, p.pooling, p.dropout).to(dev)
+    feats = (feats or probe_features(p, model, task)) if frozen else dict.fromkeys(("train", "dev", "test"))
     pw = pos_weights(p, train, n_out, dev) if K.weighted else None
     opt, params, peak = optimizer(p, tm, frozen)
     n_epochs = p.probe_epochs if frozen else getattr(p, K.epochs)
@@ -654,20 +569,18 @@ def finetune_one(p, model, task, seed, feats=None, desc="", keep_model=False):
                           if not frozen or k.startswith("classifier.")}
     bar.close()
     tm.load_state_dict(best_state, strict=not frozen)
-    out = dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
-    return dict(out, model=tm) if keep_model else out
+    return dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
 
 # ----------------------------------------------------------------------------------------
 # The comparison: every checkpoint x task x seed, then the tables.
 # ----------------------------------------------------------------------------------------
 def mean_std(xs):
-    """Mean and sample standard deviation (0 for a single seed)."""
+    """dict(mean, std): the sample standard deviation, 0 for a single run."""
     xs = np.asarray(xs, float)
-    return float(xs.mean()), float(xs.std(ddof=1)) if len(xs) > 1 else 0.0
+    return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
 def arms_of(ckpt_paths):
-    """Checkpoints grouped into arms: each entry is a path, a list of paths, or "A1+A2" (the
-    pretraining replicates of one arm, in the same replicate order for every arm)."""
+    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, in one order for all arms)."""
     arms = [list(p) if isinstance(p, (list, tuple)) else [q for q in p.split("+") if q] for p in ckpt_paths]
     flat = [p for arm in arms for p in arm]
     if len(set(flat)) != len(flat):
@@ -675,8 +588,7 @@ def arms_of(ckpt_paths):
     return arms
 
 def compare(results, names, first, second, samples=10_000):
-    """Statistics of first - second (two arms with the same number of replicates), into results;
-    `samples`: the paired bootstrap's resamples."""
+    """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
     A, B = results["scores"][first], results["scores"][second]
     reps = len(A[names[0]]["replicate_means"])
     if reps != len(B[names[0]]["replicate_means"]):
@@ -684,30 +596,27 @@ def compare(results, names, first, second, samples=10_000):
     # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
     units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
     flat = [u for n in names for u in units[n]]
-    # per task: with several replicates the interval is over them (pretraining + fine-tuning
-    # noise); with one, over the paired fine-tuning seeds (fine-tuning noise only)
-    per_task = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
-                                              for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
-    results["difference"] = {n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]}
-    results["ci95"] = {n: mean_interval(per_task[n])[1:] for n in names}
-    results["ci95"]["average"] = mean_interval(flat)[1:]
-    results["units"] = flat
-    results["p_sign_flip"] = sign_flip_p(flat)
-    results["p_bootstrap"] = paired_bootstrap(flat, [0.0] * len(flat), samples)
-    results["detectable_difference"] = detectable_difference(flat)
+    # the intervals: per task over the replicates (pretraining + fine-tuning noise), or with one
+    # replicate over the paired fine-tuning seeds (fine-tuning noise only); the average's over the units
+    spread = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
+                                            for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
+    spread["average"] = flat
+    results.update(difference={n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]},
+                   ci95={n: mean_interval(d)[1:] for n, d in spread.items()}, units=flat,
+                   p_sign_flip=sign_flip_p(flat), p_bootstrap=paired_bootstrap(flat, [0.0] * len(flat), samples),
+                   detectable_difference=detectable_difference(flat))
 
-def run_arm(p, arm, task_specs, task_info=None):
-    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> its scores:
-    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}.
-    `task_info`: a list to append each task's description to (for the first arm)."""
-    dev, names = get_device(p), [t[0] for t in task_specs]
+def run_arm(p, arm, task_specs):
+    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> (its scores
+    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}, the tasks)."""
+    dev, names, task_info = get_device(p), [t[0] for t in task_specs], []
     scores = {n: dict(runs=[]) for n in names}
     for rep, ckpt in enumerate(arm):
         model, tokenizer = load_encoder(ckpt)
         model.to(dev)
         for name, kind, path, frozen in task_specs:
             task = load_task(p, name, kind, path, tokenizer, frozen)
-            if task_info is not None and rep == 0:
+            if rep == 0:
                 task_info.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
                                       probe=frozen or p.probe, labels=task["labels"]))
             # a frozen encoder's features are the same for every seed: compute them once
@@ -719,24 +628,19 @@ def run_arm(p, arm, task_specs, task_info=None):
                 scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
                 print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
                       f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
-    for name in names:
-        sc, runs = scores[name], scores[name]["runs"]
-        sc["mean"], sc["std"] = mean_std([r["test"]["main"] for r in runs])
-        sc["replicate_means"] = [float(np.mean([r["test"]["main"] for r in runs if r["replicate"] == k]))
-                                 for k in range(len(arm))]
+    for sc in scores.values():
+        sc.update(mean_std([r["test"]["main"] for r in sc["runs"]]), replicate_means=[
+            float(np.mean([r["test"]["main"] for r in sc["runs"] if r["replicate"] == k])) for k in range(len(arm))])
     # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
                for i in range(len(arm) * p.seeds)]
-    m, s = mean_std(per_run)
-    scores["average"] = dict(mean=m, std=s, per_run=per_run)
-    return scores
+    scores["average"] = dict(mean_std(per_run), per_run=per_run)
+    return scores, task_info
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every checkpoint (every replicate of every arm, see arms_of) on every task
-    with seeds 0..p.seeds-1 and write <p.out_dir>/<report>.md and <report>.json. task_specs: a
-    --tasks string, or [(name, kind, path, probe)] as parse_tasks returns. `note`: a line put
-    above the table. With two or more arms, the first is compared with the second (compare).
-    -> the results dict (as in the json)."""
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or parse_tasks' list),
+    seeds 0..p.seeds-1; compare the first arm with the second; write <p.out_dir>/<report>.md (`note` above the
+    table) and .json. -> results"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
@@ -748,33 +652,34 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
     if note:
         results["note"] = note
     for label, arm in zip(labels, arms):
-        results["scores"][label] = run_arm(p, arm, task_specs, results["tasks"] if label == labels[0] else None)
+        results["scores"][label], results["tasks"] = run_arm(p, arm, task_specs)  # the tasks: alike for every arm
     if len(arms) >= 2:
         compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
-    write_report(p, report, results, markdown(results, p.bootstrap_samples))
-    return results
+    return write_report(p, report, results, markdown(results, p.bootstrap_samples))
+
+def md_table(head, rows):
+    """A markdown table: the header's cells, the rule, then each row's cells."""
+    line = lambda cells: "| " + " | ".join(cells) + " |"
+    return [line(head), "|---" * len(head) + "|"] + [line(cells) for cells in rows]
 
 def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
-    pct = lambda x: f"{100 * x:.1f}"
-    tasks_ = results["tasks"]
-    cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in tasks_]
-    lines = [results["note"], ""] if results.get("note") else []
-    lines += ["| checkpoint | " + " | ".join(cols) + " | average |", "|---" * (len(cols) + 2) + "|"]
+    pct, names = lambda x: f"{100 * x:.1f}", [t["name"] for t in results["tasks"]]
+    rows = []
     for ckpt in results["checkpoints"]:
         sc = results["scores"][ckpt]
-        cells = [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in [t["name"] for t in tasks_] + ["average"]]
-        lines.append(f"| {ckpt} | " + " | ".join(cells) + " |")
+        rows.append([ckpt] + [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in names + ["average"]])
         for k, rep in enumerate(ckpt.split("+") if "+" in ckpt else []):  # each replicate, seeds averaged
-            cells = [pct(sc[n]["replicate_means"][k]) for n in [t["name"] for t in tasks_]]
-            cells.append(pct(np.mean([sc[n]["replicate_means"][k] for n in [t["name"] for t in tasks_]])))
-            lines.append(f"| · replicate {k + 1}: {rep} | " + " | ".join(cells) + " |")
+            means = [sc[n]["replicate_means"][k] for n in names]
+            rows.append([f"· replicate {k + 1}: {rep}"] + [pct(x) for x in means] + [pct(np.mean(means))])
     if "difference" in results:
         d, ci = results["difference"], results["ci95"]
-        cells = [f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]"
-                 for n in [t["name"] for t in tasks_] + ["average"]]
-        lines.append("| difference (first − second arm) [95% CI] | " + " | ".join(cells) + " |")
-    reps = len(results["scores"][results["checkpoints"][0]][tasks_[0]["name"]].get("replicate_means", [0]))
+        rows.append(["difference (first − second arm) [95% CI]"] + [
+            f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" for n in names + ["average"]])
+    cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in results["tasks"]]
+    lines = [results["note"], ""] if results.get("note") else []
+    lines += md_table(["checkpoint"] + cols + ["average"], rows)
+    reps = len(results["scores"][results["checkpoints"][0]][names[0]].get("replicate_means", [0]))
     lines += ["", f"Test-set scores in %, mean ± std over all runs ({reps} pretraining replicate(s) x seeds "
               f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "
               "run, then mean ± std over runs."]
@@ -787,41 +692,36 @@ def markdown(results, bootstrap_samples):
                   "anti-conservative for few units). 95% CI per task: t interval over "
                   + ("the replicates (pretraining and fine-tuning noise)" if reps > 1 else
                      "the fine-tuning seeds (fine-tuning noise only: one pretraining run per arm)")
-                  + "; for the average, over the units. Smallest average difference this design detects "
-                  f"(80% power, one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
-    for t in tasks_:
-        runs = {c: results["scores"][c][t["name"]]["runs"] for c in results["checkpoints"]}
+                  + "; for the average, over the units. Smallest average difference this design detects (80% power, "
+                  f"one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
+    for name in names:
+        runs = {c: results["scores"][c][name]["runs"] for c in results["checkpoints"]}
         groups = list(next(iter(runs.values()))[0]["test"].get("groups", {}))
-        if not groups:
-            continue
-        lines += ["", f"{t['name']}: test accuracy by group (%, mean over runs)", "",
-                  "| checkpoint | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
-        for c, rs in runs.items():
-            accs = [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
-            lines.append(f"| {c} | " + " | ".join(accs) + " |")
+        if groups:
+            accs = [[c] + [pct(np.mean([r["test"]["groups"][g] for r in rs])) for g in groups]
+                    for c, rs in runs.items()]
+            lines += ["", f"{name}: test accuracy by group (%, mean over runs)", ""]
+            lines += md_table(["checkpoint"] + groups, accs)
     return "\n".join(lines) + "\n"
 
 def write_report(p, name, results, text):
-    """<p.out_dir>/<name>.md (the text, also printed) and <name>.json (the results), each written atomically."""
+    """<p.out_dir>/<name>.md (the text, also printed) and .json (the results), written atomically. -> results"""
     os.makedirs(p.out_dir, exist_ok=True)
-    detour.atomic_write(os.path.join(p.out_dir, name + ".md"), lambda f: f.write(text.encode("utf-8")))
-    detour.atomic_write(os.path.join(p.out_dir, name + ".json"),
-                        lambda f: f.write(json.dumps(results, indent=1).encode("utf-8")))
+    for ext, content in ((".md", text), (".json", json.dumps(results, indent=1))):
+        detour.atomic_write(os.path.join(p.out_dir, name + ext), lambda f: f.write(content.encode("utf-8")))
     print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
+    return results
 
 def main(argv=None):
-    """The command line -> one Protocol (the defaults above, --key overrides, the CPU default)
-    -> the comparison (run) or an analysis."""
+    """The command line -> one Protocol (defaults, --key overrides, CPU default) -> run or an analysis."""
     settings = asdict(Protocol())
     given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
                                    ("class Protocol", "\nCPU_DEFAULTS"))
     detour.check(settings, RULES, "finetune.py")
     p = Protocol(**settings)
     paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
-    if p.analysis == "cka":
-        return cka_divergence(p, paths)
-    if p.analysis == "drift":
-        return drift(p, paths)
+    if p.analysis in ("cka", "drift"):  # no fine-tuning: the CPU default does not apply
+        return (cka_divergence if p.analysis == "cka" else drift)(p, paths)
     if p.analysis == "transplant" and not p.layers:
         fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
     if get_device(p).type == "cpu":  # the CPU default (see the Protocol): unless given explicitly
@@ -840,28 +740,24 @@ def main(argv=None):
 
 
 # ========================================================================================
-# Analyses: why does the detour work? The paper's analysis, built on the functions above
-# (--analysis; layers are numbered from 0, as in --freeze_layers):
+# Analyses: why does the detour work? The paper's analyses, built on the functions above (--analysis;
+# layers are numbered from 0, as in --freeze_layers; results in <out_dir>/<mode>.md and .json):
 #   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
 #               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
 #   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
-#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B,
-#               saved as an HF dir and linear-probed next to A and B
-# Results: <out_dir>/<mode>.md and .json.
+#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B, linear-probed
 # ========================================================================================
 def linear_cka(x, y):
-    """Linear CKA (Kornblith et al., 2019) of two representations of the same n inputs, x (n, p)
-    and y (n, q): ||Y'X||^2 / (||X'X|| ||Y'Y||), Frobenius norms, columns centered first.
-    1 = the same up to a rotation and a scale; near 0 = unrelated. The width may differ.
-    Float64: the terms are fourth powers of the activations."""
+    """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
+    inputs: ||Y'X||^2 / (||X'X|| ||Y'Y||) of the centered columns; 1 = the same up to a rotation and
+    a scale, near 0 = unrelated. Float64: the terms are fourth powers of the activations."""
     x = np.asarray(x, np.float64) - np.mean(x, 0)
     y = np.asarray(y, np.float64) - np.mean(y, 0)
     return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
 
 def text_examples(p, tokenizer, path):
-    """A text file (one text per line) -> examples {ids}: every line is split into sentences,
-    each encoded [CLS] sentence [SEP]; a sentence longer than p.max_len is cut into chunks.
-    Sentences rather than whole texts: CKA needs many more inputs than hidden dimensions."""
+    """A text file -> examples {ids}: each sentence of each line as [CLS] sentence [SEP], cut into
+    chunks of p.max_len. Sentences, not lines: CKA needs many more inputs than hidden dimensions."""
     cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), p.max_len - 2
     out = []
     for line in tasks.read_lines(path):
@@ -872,34 +768,27 @@ def text_examples(p, tokenizer, path):
         fail(f"{path} holds no text")
     return out
 
-@torch.no_grad()
 def layer_features(p, model, examples):
-    """Every example's hidden states mean-pooled over its real tokens (padding excluded), at
-    the embedding output and after each layer -> L + 1 float64 arrays (n, d). Bidirectional
-    (causal=False), as the encoder is used downstream."""
+    """Every example's hidden states mean-pooled over its real tokens, at the embedding output and
+    after each layer -> L + 1 float64 arrays (n, d); bidirectional, as the encoder is used downstream."""
     dev = get_device(p)
-    body = model.model.to(dev).eval()
-    feats = {}
-    for idx in length_batches(examples, p.batch_size):
+    body = model.model.to(dev)
+
+    def pooled(idx):  # (B, L + 1, d); float64, which autocast leaves alone
         ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
-        with autocast(p, dev):
-            _, hidden = body(ids, attention_mask=mask, output_hidden_states=True)
         m = mask.unsqueeze(-1).double()
-        for l, h in enumerate(hidden):
-            if l not in feats:
-                feats[l] = np.zeros((len(examples), h.size(-1)))
-            feats[l][idx] = ((h.double() * m).sum(1) / m.sum(1)).cpu().numpy()  # rows in input order
-    return [feats[l] for l in range(len(feats))]
+        hidden = body(ids, attention_mask=mask, output_hidden_states=True)[1]
+        return torch.stack([(h.double() * m).sum(1) / m.sum(1) for h in hidden], 1)
+    return [f.numpy() for f in torch.stack(per_example(p, body, examples, dev, pooled), 1)]
 
 def same_tokenizer(tokenizers, paths):
     if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
         fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
 
 def cka_divergence(p, paths, text_path=None):
-    """d = 1 - linear CKA between checkpoints A and B, on held-out sentences, at the embedding
-    output and after every layer. With a third checkpoint C, B's seed-noise control (B's
-    objective, another seed), also d(B, C) and r = d(A, B) / d(B, C): how many times larger
-    than seed noise the difference between A and B is. Writes cka.md / cka.json in p.out_dir."""
+    """d = 1 - linear CKA between checkpoints A and B on held-out sentences, at the embedding
+    output and after every layer. A third checkpoint C, B's seed-noise control (B's objective,
+    another seed), adds d(B, C) and r = d(A, B) / d(B, C): how many times seed noise A and B differ."""
     if len(paths) not in (2, 3):
         fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
     text_path = text_path or p.texts or os.path.join(p.pretrain_dir, "val.txt")
@@ -915,40 +804,30 @@ def cka_divergence(p, paths, text_path=None):
         feats.append(layer_features(p, model, examples))
     if len({len(f) for f in feats}) > 1:
         fail(f"{', '.join(paths)} differ in depth; CKA is compared layer by layer")
-    names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
-    rows = []
-    for l, name in enumerate(names):
-        # CKA <= 1 (Cauchy-Schwarz); max() only hides rounding below 0
-        row = dict(layer=name, d_ab=max(0.0, 1 - linear_cka(feats[0][l], feats[1][l])))
-        if len(paths) == 3:
-            row["d_bc"] = max(0.0, 1 - linear_cka(feats[1][l], feats[2][l]))
-            row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
-        rows.append(row)
+    # d per layer; CKA <= 1 (Cauchy-Schwarz), max() only hides rounding below 0
+    d = lambda i, j, l: max(0.0, 1 - linear_cka(feats[i][l], feats[j][l]))
+    rows = [dict(layer=name, d_ab=d(0, 1, l))
+            for l, name in enumerate(["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)])]
+    for l, row in enumerate(rows if len(paths) == 3 else []):
+        row["d_bc"] = d(1, 2, l)
+        row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
     results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
                    max_len=p.max_len, rows=rows)
-    write_report(p, "cka", results, cka_markdown(results))
-    return results
-
-def cka_markdown(results):
-    control = "C" in results["checkpoints"]
-    head = "| layer | d(A, B) |" + (" d(B, C) | r = d(A, B) / d(B, C) |" if control else "")
-    lines = [head, "|---" * (4 if control else 2) + "|"]
-    for row in results["rows"]:
-        cells = [row["layer"], f"{row['d_ab']:.4f}"]
-        if control:
-            cells += [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    control = len(paths) == 3  # the report: a row per layer, the columns of C only with C
+    cells = lambda row: [row["layer"], f"{row['d_ab']:.4f}"] + (
+        [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"] if control else [])
+    lines = md_table(["layer", "d(A, B)"] + (["d(B, C)", "r = d(A, B) / d(B, C)"] if control else []),
+                     [cells(row) for row in rows])
     lines += [""] + [f"{k}: {path}" for k, path in results["checkpoints"].items()]
     lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
-                 f"{results['n_texts']} sentences of {results['texts']}; layer i = the output of layer i.")
+                 f"{len(examples)} sentences of {text_path}; layer i = the output of layer i.")
     if control:
         lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
-    return "\n".join(lines) + "\n"
+    return write_report(p, "cka", results, "\n".join(lines) + "\n")
 
 def part_of(name):
-    """A parameter name -> (part, layer): ("attn", i) for layer i's attention (Wqkv, Wo) and
-    its attn_norm, ("mlp", i) for its MLP (Wi, Wo) and mlp_norm, ("embeddings", None), and
-    ("head", None) for the rest: the final norm and the MLM head."""
+    """A parameter name -> (part, layer): ("attn", i) for layer i's Wqkv, Wo, attn_norm, ("mlp", i)
+    for its Wi, Wo, mlp_norm, ("embeddings", None), or ("head", None): the final norm and MLM head."""
     m = re.match(r"model\.layers\.(\d+)\.(attn|mlp)", name)  # also matches attn_norm, mlp_norm
     if m:
         return m.group(2), int(m.group(1))
@@ -960,10 +839,9 @@ def same_shapes(a, b, paths):
         fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
 
 def weight_drift(model, init):
-    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init`, for each part (see
-    part_of; its tensors taken together as one W) and for each tensor. A norm's gain (1 at
-    init, norm sqrt(d)) weighs as much as a weight matrix of std 0.02 and d^2 entries: the
-    tensors are kept apart too. -> ({(part, layer): change}, {parameter name: change})"""
+    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init` per part (part_of; its tensors
+    as one W), and per tensor: a norm's gain (1 at init, norm sqrt(d)) weighs as much as a std-0.02 matrix
+    of d^2 entries. -> ({(part, layer): change}, {parameter name: change})"""
     start, sums, tensors = dict(init.named_parameters()), {}, {}
     ratio = lambda d2, b2: math.sqrt(d2 / b2) if b2 else None  # None: W0 = 0 (a zero-initialized bias)
     for name, w in model.named_parameters():
@@ -980,64 +858,50 @@ def bar(x, top, width=24):
     return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
 
 def drift(p, paths):
-    """How far checkpoint A moved from B, its initialization (or any earlier checkpoint of the
-    same shape): weight_drift per layer, attention and MLP apart, plus the embeddings and the
-    head. Writes drift.md / drift.json in p.out_dir."""
+    """weight_drift of checkpoint A from B, its initialization (or any earlier checkpoint of the same shape)."""
     if len(paths) != 2:
         fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
     model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
     same_shapes(model, init, paths)
     d, tensors = weight_drift(model, init)
-    results = dict(checkpoint=paths[0], init=paths[1], embeddings=d[("embeddings", None)],
-                   layers=[dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
-                           for i in range(model.config.num_hidden_layers)],
-                   head=d[("head", None)], tensors=tensors)
-    write_report(p, "drift", results, drift_markdown(results))
-    return results
-
-def drift_markdown(results):
-    layers = results["layers"]
-    top = max([results["embeddings"], results["head"]] + [r[k] for r in layers for k in ("attn", "mlp")])
-    chart = [f"embeddings    {results['embeddings']:.4f} {bar(results['embeddings'], top)}".rstrip()]
-    chart += [f"layer {r['layer']:2d} attn {r['attn']:.4f} {bar(r['attn'], top)}  mlp {r['mlp']:.4f} "
-              f"{bar(r['mlp'], top)}".rstrip() for r in layers]
-    chart.append(f"head          {results['head']:.4f} {bar(results['head'], top)}".rstrip())
-    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {results['embeddings']:.4f} | |"]
+    emb, head = d[("embeddings", None)], d[("head", None)]
+    layers = [dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)]) for i in range(model.config.num_hidden_layers)]
+    results = dict(checkpoint=paths[0], init=paths[1], embeddings=emb, layers=layers, head=head, tensors=tensors)
+    # the report: every part as a number and a bar (one scale for all), then as a table
+    top = max([emb, head] + [r[k] for r in layers for k in ("attn", "mlp")])
+    show = lambda x: f"{x:.4f} {bar(x, top)}"
+    chart = [f"embeddings    {show(emb)}"] + [f"layer {r['layer']:2d} attn {show(r['attn'])}  mlp {show(r['mlp'])}"
+                                              for r in layers] + [f"head          {show(head)}"]
+    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {emb:.4f} | |"]
     table += [f"| layer {r['layer']} | {r['attn']:.4f} | {r['mlp']:.4f} |" for r in layers]
-    table.append(f"| final norm + MLM head | {results['head']:.4f} | |")
-    return "\n".join(
-        [f"Weight drift of {results['checkpoint']} from {results['init']}: ||W - W0|| / ||W0|| per part "
-         "(attention = Wqkv, Wo, attn_norm; MLP = Wi, Wo, mlp_norm).", "", "```", *chart, "```", "", *table]) + "\n"
+    table.append(f"| final norm + MLM head | {head:.4f} | |")
+    return write_report(p, "drift", results, "\n".join(
+        [f"Weight drift of {paths[0]} from {paths[1]}: ||W - W0|| / ||W0|| per part (attention = Wqkv, Wo, attn_norm; "
+         "MLP = Wi, Wo, mlp_norm).", "", "```", *[c.rstrip() for c in chart], "```", "", *table]) + "\n")
 
 def group_names(model, spec):
-    """The parameters of a layer group: "attn" or "mlp" (that module of every layer, with its
-    norm) or layer ranges like "0-7" or "0-3,10" (whole layers)."""
-    names = [name for name, _ in model.named_parameters()]
+    """A layer group's parameters: attn or mlp (that module of every layer, with its norm) or layers 0-7, 0-3,10."""
+    names, n_layers = [name for name, _ in model.named_parameters()], model.config.num_hidden_layers
     if spec in ("attn", "mlp"):
         return [n for n in names if part_of(n)[0] == spec]
     try:
-        chosen = detour.parse_layers(spec, model.config.num_hidden_layers)
-    except SystemExit:
+        chosen = detour.parse_layers(spec, n_layers)
+    except SystemExit:  # parse_layers' message names --freeze_layers
         chosen = []
     if not chosen:
-        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 "
-             f"(the model has {model.config.num_hidden_layers}, from 0)")
+        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 (the model has {n_layers}, from 0)")
     return [n for n in names if part_of(n)[1] in chosen]
 
 def transplant_model(donor, recipient, spec):
     """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
     hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
-    params = dict(hybrid.named_parameters())
-    with torch.no_grad():
-        for name in group_names(recipient, spec):
-            params[name].copy_(source[name])
+    hybrid.load_state_dict({name: source[name] for name in group_names(recipient, spec)}, strict=False)
     return hybrid
 
 def transplant(p, paths, spec, task_specs):
-    """The hybrid of checkpoints A, B: layer group `spec` from A, everything else from B. It is
-    saved as an HF dir (<p.out_dir>/transplant-<spec>/) and linear-probed on the tasks next to A
-    and B: a probe keeps the encoder frozen, where fine-tuning would retrain the transplanted
-    layers and blur what they carry. Writes transplant-<spec>.md / .json in p.out_dir."""
+    """The hybrid of checkpoints A, B (layer group `spec` from A, the rest from B), saved as an HF
+    dir in p.out_dir and linear-probed next to A and B: a probe keeps the encoder frozen, where
+    fine-tuning would retrain the transplanted layers and blur what they carry."""
     if len(paths) != 2:
         fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
     (a, tok_a), (b, tok_b) = load_encoder(paths[0]), load_encoder(paths[1])

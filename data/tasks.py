@@ -1,4 +1,4 @@
-"""Task files: reading them (finetune.py's task format), and the embedded default tasks.
+"""Task files: reading them (finetune.py's task format, and its --tasks list), and the embedded default tasks.
 
 A task is a directory with train/dev/test files, read into plain dicts; every example keeps
 its file line, so errors point at it:
@@ -172,6 +172,29 @@ def read_split(directory, split, kind):
 # ----------------------------------------------------------------------------------------
 # finetune.py's `default` task: name=kind:path under the directory build_default_tasks writes
 SPEC = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
+
+
+def parse_tasks(spec, tasks_dir, kinds):
+    """finetune.py's --tasks, `name=kind[+probe]:path,...` with kind one of `kinds` (and `default`:
+    SPEC, the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
+    out = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item == "default":
+            out += parse_tasks(SPEC.format(d=tasks_dir), tasks_dir, kinds)
+            continue
+        name, eq, rest = item.partition("=")
+        kind, colon, path = rest.partition(":")
+        if not (eq and colon and name and path):
+            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(kinds)}), or `default`")
+        kind, _, mode = kind.partition("+")
+        if kind not in kinds or mode not in ("", "probe"):
+            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(kinds)}, optionally +probe)")
+        if name == "average" or name in [t[0] for t in out]:
+            fail(f"task name {name!r} is used twice or reserved; give every task its own name")
+        out.append((name, kind, path, mode == "probe"))
+    if not out:
+        fail("no tasks given")
+    return out
 
 
 def pretraining_text(pretrain_dir):
