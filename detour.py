@@ -657,7 +657,8 @@ def setup(cfg):
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
     tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
-    if os.path.exists(tokenizer):  # read now, not when the export needs it at the end of the run
+    tokenizer = tokenizer if os.path.exists(tokenizer) else None
+    if tokenizer:  # read now, not when the export needs it at the end of the run
         hf_tokenizer_files(config, tokenizer)
     run = SimpleNamespace(
         **start, rank=rank, world=world, master=rank == 0, device=device, model=model, raw_model=raw_model,
@@ -668,7 +669,7 @@ def setup(cfg):
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
         unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
         flops_per_token=model_flops_per_token(config, cfg.seq_len, PHASES[cfg.phase].causal, predicted_fraction(cfg)),
-        tokenizer=tokenizer if os.path.exists(tokenizer) else None, signal=None)
+        tokenizer=tokenizer, signal=None)
     for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
         signal.signal(sig, lambda s, _: setattr(run, "signal", s))
     run.log = open_outputs(cfg, run)
@@ -850,7 +851,9 @@ def read_safetensors(path):
     except (ValueError, UnicodeDecodeError):
         fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
     out = {}
-    for name, info in ((k, v) for k, v in header.items() if k != "__metadata__"):
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
         start, end = (8 + n + offset for offset in info["data_offsets"])
         if end > len(raw) or info["dtype"] not in ST_DTYPES:
             fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
@@ -925,7 +928,9 @@ def save_hf(model, directory, tokenizer_path=None):
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
     write_safetensors(sd, os.path.join(directory, "model.safetensors"))
     files = {"config.json": json.dumps(config_to_hf(model.config), indent=2)}
-    for name, text in {**files, **(hf_tokenizer_files(model.config, tokenizer_path) if tokenizer_path else {})}.items():
+    if tokenizer_path:
+        files.update(hf_tokenizer_files(model.config, tokenizer_path))
+    for name, text in files.items():
         atomic_write(os.path.join(directory, name), lambda f: f.write(text.encode()))
 
 
