@@ -56,7 +56,8 @@ LABELS = {
 
 def find_split(directory, split, exts):
     if not os.path.isdir(directory):
-        fail(f"task directory {directory} not found")
+        fail(f"task directory {directory} " + ("is a file; give the directory that holds the split files"
+                                               if os.path.exists(directory) else "not found; check the path in --tasks"))
     for name in SPLIT_NAMES[split]:
         for ext in exts:
             p = os.path.join(directory, name + ext)
