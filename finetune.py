@@ -7,9 +7,10 @@ Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics'
 replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable difference.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
-  python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
-  python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
+  python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB --seeds 3
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
+  python finetune.py --shard 0/4 ... --shard 3/4       # a quarter of the cells each (one per GPU), any order;
+  python finetune.py --merge true                      # then results.md (each shard also tries when it ends)
 Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
@@ -99,9 +100,8 @@ class Protocol:
     dtype: str = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
     progress: bool = True           # tqdm bars
     bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
-    # the grid: each (checkpoint, task, seed) cell writes <out_dir>/cells/.../<task>.seed<k>.json and is
-    # skipped when that exists (same protocol, checkpoint, task data): rerunning a command resumes it
-    shard: str = ""                 # i/n: run cells i, i+n, ... only; "" = all, or in a SLURM job array
+    # the grid: a (checkpoint, task, seed) cell is skipped when <out_dir>/cells holds it (a rerun resumes)
+    shard: str = ""                 # i/n: cells i, i+n, ... only; "" = all, or in a SLURM job array
                                     # $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN / $SLURM_ARRAY_TASK_COUNT
     merge: bool = False             # train nothing: write results.md/.json from the cells (all must exist)
     # analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
@@ -151,15 +151,9 @@ def pearson(x, y):
     return float((x * y).sum() / denom) if denom > 0 else 0.0
 
 def ranks(x):
-    """Ranks 1..n, ties get the average of their ranks (as Spearman needs)."""
-    x = np.asarray(x, float)
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(1, len(x) + 1)
-    for v in np.unique(x):
-        tie = x == v
-        r[tie] = r[tie].mean()
-    return r
+    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last position + 1) / 2."""
+    s = np.sort(np.asarray(x, float))
+    return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
 
 def regression_metrics(gold, pred):
     return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
@@ -276,75 +270,22 @@ def load_encoder(path):
     return model, tokenizer
 
 # ----------------------------------------------------------------------------------------
-# Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
-# each word and ignores the rest, so a word is predicted once, from its first piece.
+# Encoding (tasks.encode, tasks.encode_words): [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER
+# labels the first sub-token of each word and ignores the rest: a word is predicted once, from its first piece.
 # ----------------------------------------------------------------------------------------
-def encode(p, tokenizer, text, text_b=None):
-    """-> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
-    or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    a = tokenizer.encode(text, add_special_tokens=False).ids
-    if text_b is None:
-        return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
-    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
-    truncated = len(a) + len(b) > room
-    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
-    return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
-
-def encode_words(p, tokenizer, words, tag_ids):
-    """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
-    sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
-    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
-    text = " ".join(words)
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
-    char_tok = [-1] * len(text)          # the first token that covers each character
-    for t, (s, e) in enumerate(offsets):
-        for ch in range(s, e):
-            if char_tok[ch] < 0:
-                char_tok[ch] = t
-    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
-    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
-        t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
-        start += len(word) + 1
-        mapped.append(t > last)
-        if t > last:
-            target[t], last = tag, t
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
-
-def encode_example(p, K, tokenizer, ex, index):
-    """One read example (its labels checked by read_task) -> (encoded example, truncated)."""
-    if K.per_token:
-        ids, target, mapped, cut = encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
-        return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
-    ids, cut = encode(p, tokenizer, ex["text"], ex["text_b"])
-    return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
-
-def read_task(name, kind, path, frozen=False):
-    """Read one task's train/dev/test and check them, before any tokenizer or training: every label must
-    occur in the training split (the label set). -> dict(name, kind, path, labels, probe, raw: {split: (file, rows)})"""
-    if kind not in KINDS:
-        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    K = KINDS[kind]
-    raw = {split: tasks.read_split(path, split, kind) for split in ("train", "dev", "test")}
-    labels = K.label_set(raw["train"][1])
-    known = set(labels)
-    for file, rows in raw.values():
-        for ex in rows:
-            for lab, n in zip(ex["tags"], ex["lines"]) if K.per_token else [(l, ex["line"]) for l in K.gold(ex["label"])]:
-                if lab not in known:
-                    fail(f"{file}:{n}: {'tag' if K.per_token else 'label'} {lab!r} does not occur in the training split")
-    if len(labels) < K.min_labels:
-        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
-    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
-
 def encode_task(p, task, tokenizer):
-    """A read_task with every split encoded by `tokenizer` -> the task dict finetune_one takes."""
+    """A tasks.read_task (labels checked) with every split encoded by `tokenizer` -> the task dict finetune_one takes."""
     K, index = KINDS[task["kind"]], {l: i for i, l in enumerate(task["labels"])}
+
+    def encode_example(ex):  # -> (encoded example, truncated)
+        if K.per_token:
+            ids, target, mapped, cut = tasks.encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
+            return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
+        ids, cut = tasks.encode(p, tokenizer, ex["text"], ex["text_b"])
+        return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
     splits, n_trunc = {}, 0
     for split, (file, rows) in task["raw"].items():
-        encoded = [encode_example(p, K, tokenizer, ex, index) for ex in rows]
+        encoded = [encode_example(ex) for ex in rows]
         out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
         limit = p.max_train if split == "train" else p.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
@@ -353,20 +294,6 @@ def encode_task(p, task, tokenizer):
     if n_trunc:
         print(f"{task['name']}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
     return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
-
-def load_task(p, name, kind, path, tokenizer, frozen=False):
-    """Read, check and encode one task's train/dev/test -> task dict; the label set is the training split's."""
-    return encode_task(p, read_task(name, kind, path, frozen), tokenizer)
-
-def parse_tasks(spec, tasks_dir):
-    """--tasks -> [(name, kind, path, probe)]; data/tasks.py reads the spec, KINDS are its kinds."""
-    return tasks.parse_tasks(spec, tasks_dir, KINDS)
-
-def build_default_tasks(p):
-    """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
-    return tasks.build_default_tasks(
-        p.tasks_dir, p.pretrain_dir, p.task_seed, p.ner_sizes, p.notes_sizes, p.needle_per_cell,
-        p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
 
 # ----------------------------------------------------------------------------------------
 # Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
@@ -603,14 +530,14 @@ def arms_of(ckpt_paths):
     flat = [p for arm in arms for p in arm]
     if len(set(flat)) != len(flat):
         fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
+    if len({len(arm) for arm in arms[:2]}) > 1:  # compared replicate by replicate
+        fail(f"{'+'.join(arms[0])} and {'+'.join(arms[1])} have different numbers of replicates; pair them one to one")
     return arms
 
 def compare(results, names, first, second, samples=10_000):
     """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
     A, B = results["scores"][first], results["scores"][second]
-    reps = len(A[names[0]]["replicate_means"])
-    if reps != len(B[names[0]]["replicate_means"]):
-        fail(f"{first} and {second} have different numbers of replicates; pair them one to one")
+    reps = len(A[names[0]]["replicate_means"])  # the same in both arms (arms_of)
     # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
     units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
     flat = [u for n in names for u in units[n]]
@@ -639,72 +566,53 @@ def arm_scores(p, arm, names, result):
     return scores
 
 # ----------------------------------------------------------------------------------------
-# The grid: every (checkpoint, task, seed) is a cell, a run of its own that writes one JSON
-# under <out_dir>/cells. A cell whose JSON holds the same protocol, checkpoint and task data is
-# skipped, so the same command resumes a killed grid; --shard i/n runs cells i, i+n, ... (one
-# process per GPU, a SLURM array); whichever process finds every cell done writes the results.
+# The grid: every (checkpoint, task, seed) is a cell, a run that writes its own JSON under
+# <out_dir>/cells, skipped when that holds the same protocol, checkpoint and task data: the same
+# command resumes a killed grid. --shard i/n runs cells i, i+n, ... (a process per GPU, a SLURM
+# array); the process that finds every cell done writes the results.
 # ----------------------------------------------------------------------------------------
-def sha256(paths):
-    """One digest of the files' bytes, read in 1 MiB blocks (memory flat in their size)."""
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-def checked_checkpoint(path):
-    """Load a checkpoint to check it (load_encoder), before anything trains -> the digest of its files."""
-    load_encoder(path)
-    return sha256(os.path.join(hf_dir(path), f) for f in ("config.json", "model.safetensors", "tokenizer.json"))
-
 def grid_cells(p, arms, task_specs):
     """Read and check every task and checkpoint (all errors come before any training) -> every cell,
     in the fixed order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, identity)."""
-    read = {name: read_task(name, kind, path, frozen) for name, kind, path, frozen in task_specs}
-    data = {name: dict(kind=kind, probe=frozen or p.probe, files=sha256(f for f, _ in read[name]["raw"].values()))
+    read = {name: tasks.read_task(name, kind, path, KINDS, frozen) for name, kind, path, frozen in task_specs}
+    data = {name: dict(kind=kind, probe=frozen or p.probe, files=tasks.digest(f for f, _ in read[name]["raw"].values()))
             for name, kind, _, frozen in task_specs}
-    digest = {ckpt: checked_checkpoint(ckpt) for arm in arms for ckpt in arm}
+    files = lambda ckpt: [os.path.join(hf_dir(ckpt), f) for f in ("config.json", "model.safetensors", "tokenizer.json")]
+    digest = {ckpt: load_encoder(ckpt) and tasks.digest(files(ckpt)) for arm in arms for ckpt in arm}  # loaded: checked
     protocol, slug = {k: getattr(p, k) for k in REPORTED}, lambda s: re.sub(r"[^\w-]+", "_", s)  # one file name
     return [dict(key=(ckpt, name, seed), checkpoint=ckpt, task=name, seed=seed, read=read[name],
                  file=os.path.join(p.out_dir, "cells", slug(os.path.normpath(ckpt)), f"{slug(name)}.seed{seed}.json"),
                  identity=dict(protocol=protocol, checkpoint=digest[ckpt], task=data[name]))
             for arm in arms for ckpt in arm for name, *_ in task_specs for seed in range(p.seeds)]
 
-def cell_result(cell):
-    """-> (the cell's result, None) if its JSON is there, complete and made with this cell's identity,
-    else (None, why not: "" when there is no file)."""
-    try:
-        with open(cell["file"], "rb") as f:
-            d = json.loads(f.read())
-        old, new, r = d["identity"], cell["identity"], d["result"]
-        assert {"dev", "test", "epoch", "losses"} <= set(r) and d["checkpoint"] == cell["checkpoint"]
-    except FileNotFoundError:
-        return None, ""
-    except (ValueError, KeyError, TypeError, AssertionError):
-        return None, "not a complete cell result (corrupt?)"
-    changed = [f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"].items()
-               if old["protocol"].get(k) != v] + [f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]]
-    return (r, None) if old == new else (None, "made with " + ", ".join(changed) + ": not reused")
-
-def cell_results(cells):
-    """{cell key: result} of the cells done; the others' files that exist are named, one line per reason."""
+def cells_done(cells, quiet=False):
+    """{key: result} of the cells whose JSON is there, complete and made with the cell's identity; the
+    other files (corrupt, or made with another protocol, checkpoint or task data) are named, one line per reason."""
     done, skipped = {}, {}
     for c in cells:
-        r, why = cell_result(c)
-        if r is not None:
+        try:
+            with open(c["file"], "rb") as f:
+                d = json.loads(f.read())
+            old, new, r = d["identity"], c["identity"], d["result"]
+            assert {"dev", "test", "epoch", "losses"} <= set(r) and d["checkpoint"] == c["checkpoint"]
+            why = "made with " + ", ".join([f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"].items()
+                if old["protocol"].get(k) != v] + [f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]])
+        except FileNotFoundError:
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            old, why = None, "not a complete cell result (corrupt?)"
+        if old == c["identity"]:
             done[c["key"]] = r
-        elif why:
+        else:
             skipped.setdefault(why, []).append(c["file"])
-    for why, files in skipped.items():
-        print(f"note: {files[0]}{f' and {len(files) - 1} other cells' * (len(files) > 1)} {why}; to be run again")
+    for why, files in skipped.items() if not quiet else ():
+        print(f"note: {files[0]}{f' and {len(files) - 1} other cells' * (len(files) > 1)} {why}: not reused, to be run again")
     return done
 
 def run_cells(p, cells):
-    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time. A cell
-    is claimed by a lock on <file>.lock: a cell another process holds is left to it, and one it
-    finished while this one waited is skipped. -> the number of cells done already"""
-    dev, model, task, done = get_device(p), (None,), (None,), cell_results(cells)
+    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time; a cell
+    is claimed by a lock on <file>.lock, left to another process that holds it. -> the number done already"""
+    dev, model, task, done = get_device(p), (None,), (None,), cells_done(cells)
     for c in [c for c in cells if c["key"] not in done]:
         os.makedirs(os.path.dirname(c["file"]), exist_ok=True)
         with open(c["file"] + ".lock", "a") as lock:
@@ -713,7 +621,7 @@ def run_cells(p, cells):
             except BlockingIOError:
                 print(f"{c['file']}: another process is running this cell; left to it")
                 continue
-            if cell_result(c)[0] is not None:
+            if cells_done([c], quiet=True):  # finished by another process meanwhile
                 continue
             if model[0] != c["checkpoint"]:
                 model = (c["checkpoint"], *load_encoder(c["checkpoint"]))
@@ -723,8 +631,7 @@ def run_cells(p, cells):
                 task = (c["key"][:2], t, probe_features(p, model[1], t) if t["probe"] or p.probe else None)
             t0, name = time.time(), os.path.basename(c["checkpoint"].rstrip("/"))
             r = finetune_one(p, model[1], task[1], c["seed"], task[2], desc=f"{name} {c['task']} seed {c['seed']}")
-            cell = dict(checkpoint=c["checkpoint"], task=c["task"], seed=c["seed"], identity=c["identity"],
-                        device=str(dev), seconds=round(time.time() - t0, 1), result=r)
+            cell = dict({k: c[k] for k in ("checkpoint", "task", "seed", "identity")}, device=str(dev), result=r)
             detour.atomic_write(c["file"], lambda f: f.write(json.dumps(cell, indent=1).encode("utf-8")))
             os.remove(lock.name)
             print(f"{c['checkpoint']} {c['task']} seed {c['seed']}: dev {100 * r['dev']['main']:.2f} "
@@ -732,20 +639,19 @@ def run_cells(p, cells):
     return len(done)
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or parse_tasks' list),
-    seeds 0..p.seeds-1, as cells (those of p.shard; none with p.merge); once every cell is done, compare the
-    first arm with the second and write <p.out_dir>/<report>.md (`note` above the table) and .json. -> results,
-    or None while cells are missing (named; with p.merge an error)"""
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or tasks.parse_tasks' list),
+    seeds 0..p.seeds-1, as cells (p.shard's; none with p.merge); once all are done, compare the first arm with the
+    second, write <p.out_dir>/<report>.md (`note` above the table) and .json -> results (None while cells miss)"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
-            build_default_tasks(p)
-        task_specs = parse_tasks(task_specs, p.tasks_dir)
+            tasks.build_default_tasks(p)
+        task_specs = tasks.parse_tasks(task_specs, p.tasks_dir, KINDS)
     cells, (shard, n) = grid_cells(p, arms, task_specs), (int(x) for x in (p.shard or "0/1").split("/"))
     if not p.merge:
         mine = cells[shard::n]
         print(f"shard {shard}/{n}: {len(mine)} of {len(cells)} cells, {run_cells(p, mine)} of them done already")
-    result = cell_results(cells)
+    result = cells_done(cells)
     missing = [c["file"] for c in cells if c["key"] not in result]
     if missing:
         what = f"{len(missing)} of {len(cells)} cells not done ({', '.join(missing[:3])}{', ...' * (len(missing) > 3)})"
