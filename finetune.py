@@ -609,10 +609,11 @@ def cells_done(cells, quiet=False):
         print(f"note: {files[0]}{f' and {len(files) - 1} other cells' * (len(files) > 1)} {why}: not reused, to be run again")
     return done
 
-def run_cells(p, cells):
+def run_cells(p, cells, shard):
     """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time; a cell
-    is claimed by a lock on <file>.lock, left to another process that holds it. -> the number done already"""
+    is claimed by a lock on <file>.lock, left to another process that holds it. `shard`: its name, printed."""
     dev, model, task, done = get_device(p), (None,), (None,), cells_done(cells)
+    print(f"{shard}: {len(cells)} here, {len(done)} of them done already")
     for c in [c for c in cells if c["key"] not in done]:
         os.makedirs(os.path.dirname(c["file"]), exist_ok=True)
         with open(c["file"] + ".lock", "a") as lock:
@@ -636,7 +637,6 @@ def run_cells(p, cells):
             os.remove(lock.name)
             print(f"{c['checkpoint']} {c['task']} seed {c['seed']}: dev {100 * r['dev']['main']:.2f} "
                   f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
-    return len(done)
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
     """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or tasks.parse_tasks' list),
@@ -649,8 +649,7 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
         task_specs = tasks.parse_tasks(task_specs, p.tasks_dir, KINDS)
     cells, (shard, n) = grid_cells(p, arms, task_specs), (int(x) for x in (p.shard or "0/1").split("/"))
     if not p.merge:
-        mine = cells[shard::n]
-        print(f"shard {shard}/{n}: {len(mine)} of {len(cells)} cells, {run_cells(p, mine)} of them done already")
+        run_cells(p, cells[shard::n], f"shard {shard}/{n} of {len(cells)} cells")
     result = cells_done(cells)
     missing = [c["file"] for c in cells if c["key"] not in result]
     if missing:
