@@ -121,8 +121,8 @@ RULES = dict(ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=P, we
              pos_weight=(lambda v: v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v))
                          and float(v) > 0, "none | auto | a number > 0"), device=detour.DEVICE, dtype=detour.DTYPE,
              bootstrap_samples=P, analysis=detour.one_of("", "cka", "drift", "transplant"),
-             shard=(lambda v: v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(v.split("/")[0]) < int(v.split("/")[1]),
-                    "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))  # checked by main
+             shard=(lambda v: v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(v[:v.index("/")]) < int(
+                 v[v.index("/") + 1:]), "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))  # checked by main
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
 
 # ----------------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def load_encoder(path):
 # labels the first sub-token of each word and ignores the rest: a word is predicted once, from its first piece.
 # ----------------------------------------------------------------------------------------
 def encode_task(p, task, tokenizer):
-    """A tasks.read_task (labels checked) with every split encoded by `tokenizer` -> the task dict finetune_one takes."""
+    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict finetune_one takes."""
     K, index = KINDS[task["kind"]], {l: i for i, l in enumerate(task["labels"])}
 
     def encode_example(ex):  # -> (encoded example, truncated)
@@ -595,8 +595,9 @@ def cells_done(cells, quiet=False):
                 d = json.loads(f.read())
             old, new, r = d["identity"], c["identity"], d["result"]
             assert {"dev", "test", "epoch", "losses"} <= set(r) and d["checkpoint"] == c["checkpoint"]
-            why = "made with " + ", ".join([f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"].items()
-                if old["protocol"].get(k) != v] + [f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]])
+            why = "made with " + ", ".join([f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"]
+                                            .items() if old["protocol"].get(k) != v] + [
+                f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]])
         except FileNotFoundError:
             continue
         except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
@@ -606,7 +607,8 @@ def cells_done(cells, quiet=False):
         else:
             skipped.setdefault(why, []).append(c["file"])
     for why, files in skipped.items() if not quiet else ():
-        print(f"note: {files[0]}{f' and {len(files) - 1} other cells' * (len(files) > 1)} {why}: not reused, to be run again")
+        others = f" and {len(files) - 1} other cells" * (len(files) > 1)
+        print(f"note: {files[0]}{others} {why}: not reused, to be run again")
     return done
 
 def run_cells(p, cells, shard):
@@ -659,8 +661,9 @@ def run(p, ckpt_paths, task_specs, report="results", note=""):
         return print(f"{what}; the process that finishes the last one writes {report}.md (or: --merge true)")
     labels, read = ["+".join(arm) for arm in arms], {c["task"]: c["read"] for c in cells}
     results = dict(checkpoints=labels, seeds=list(range(p.seeds)), tasks=[
-        dict(name=name, kind=kind, path=path, main=KINDS[kind].main, probe=frozen or p.probe, labels=read[name]["labels"])
-        for name, kind, path, frozen in task_specs], scores={}, protocol={k: getattr(p, k) for k in REPORTED})
+        dict(name=name, kind=kind, path=path, main=KINDS[kind].main, probe=frozen or p.probe,
+             labels=read[name]["labels"]) for name, kind, path, frozen in task_specs], scores={},
+        protocol=cells[0]["identity"]["protocol"])
     if note:
         results["note"] = note
     for label, arm in zip(labels, arms):

@@ -59,8 +59,8 @@ LABELS = {
 
 def find_split(directory, split, exts):
     if not os.path.isdir(directory):
-        fail(f"task directory {directory} " + ("is a file; give the directory that holds the split files"
-                                               if os.path.exists(directory) else "not found; check the path in --tasks"))
+        fail(f"task directory {directory} " + ("is a file; give the directory that holds the split files" if
+                                               os.path.exists(directory) else "not found; check the path in --tasks"))
     for name in SPLIT_NAMES[split]:
         for ext in exts:
             p = os.path.join(directory, name + ext)
@@ -171,9 +171,9 @@ def read_split(directory, split, kind):
 
 
 def read_task(name, kind, path, kinds, frozen=False):
-    """Read one task's train/dev/test and check them, before any tokenizer or training (finetune.py's grid reads
-    every task first): every label must
-    occur in the training split (the label set). `kinds`: finetune.py's KINDS. -> dict(name, kind, path, labels, probe, raw: {split: (file, rows)})"""
+    """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py reads
+    every task first): every label must occur in the training split (the label set). `kinds`: finetune.py's
+    KINDS. -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
     if kind not in kinds:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(kinds)})")
     K = kinds[kind]
@@ -182,9 +182,11 @@ def read_task(name, kind, path, kinds, frozen=False):
     known = set(labels)
     for file, rows in raw.values():
         for ex in rows:
-            for lab, n in zip(ex["tags"], ex["lines"]) if K.per_token else [(l, ex["line"]) for l in K.gold(ex["label"])]:
+            found = zip(ex["tags"], ex["lines"]) if K.per_token else [(lab, ex["line"]) for lab in K.gold(ex["label"])]
+            for lab, n in found:
                 if lab not in known:
-                    fail(f"{file}:{n}: {'tag' if K.per_token else 'label'} {lab!r} does not occur in the training split")
+                    fail(f"{file}:{n}: {'tag' if K.per_token else 'label'} {lab!r} does not occur in the training "
+                         "split")
     if len(labels) < K.min_labels:
         fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
@@ -201,14 +203,14 @@ def digest(paths):
     return h.hexdigest()
 
 
-
 # ----------------------------------------------------------------------------------------
 # Encoding for finetune.py (p: its Protocol): the specials around the text's tokens; NER labels the
 # first sub-token of each word and ignores the rest, so a word is predicted once, from its first piece.
 # ----------------------------------------------------------------------------------------
 def encode(p, tokenizer, text, text_b=None):
-    """A text (or a pair) as [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]) in p.max_len tokens -> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
-    or may not, and finetune.load_encoder checked that its [CLS]/[SEP] ids are the model's."""
+    """A text, or a pair, as [CLS] a [SEP] (b [SEP]) in p.max_len tokens -> (ids, truncated). We add the
+    specials ourselves: a tokenizer's post-processor may or may not, and finetune.load_encoder checked
+    that its [CLS]/[SEP] ids are the model's."""
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     a = tokenizer.encode(text, add_special_tokens=False).ids
     if text_b is None:

@@ -62,8 +62,8 @@ def test_one_process_shards_and_a_killed_run_give_the_same_results(grid):
     while len(cells(root / "killed")) < 3 and run.poll() is None:
         time.sleep(0.02)
     run.send_signal(signal.SIGKILL)  # mid-grid, most likely mid-cell: its lock file stays behind
-    run.communicate(timeout=60)
-    assert run.returncode == -signal.SIGKILL and not os.path.exists(root / "killed" / "results.json")
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == -signal.SIGKILL and not os.path.exists(root / "killed" / "results.json"), out
     done = len(cells(root / "killed"))
     assert 3 <= done < 8
     log = finish(finetune(argv, root / "killed"))
