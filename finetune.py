@@ -26,7 +26,6 @@ Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2
 """
 import copy
 import fcntl
-import hashlib
 import json
 import math
 import os

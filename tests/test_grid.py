@@ -3,6 +3,7 @@ The same tiny grid run three ways (one process; --shard 0/2 and 1/2 at once, the
 and restarted) must give the same results.json, bitwise (CPU, one thread per process)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def test_a_shard_alone_writes_no_results_and_merge_names_the_missing_cells(grid,
     assert ft.run(p, ckpts, spec) is None  # cell 1 of 4 (a, ents)
     out = capsys.readouterr().out
     assert "shard 1/3 of 4 cells: 1 here" in out and "3 of 4 cells not done" in out and "--merge true" in out
-    assert cells(tmp_path) == [os.path.join(tmp_path, "cells", ft.re.sub(r"[^\w-]+", "_", os.path.normpath(ckpts[0])),
+    assert cells(tmp_path) == [os.path.join(tmp_path, "cells", re.sub(r"[^\w-]+", "_", os.path.normpath(ckpts[0])),
                                             "ents.seed0.json")]
     assert not os.path.exists(tmp_path / "results.json")
     with pytest.raises(SystemExit, match=r"3 of 4 cells not done \(.*drugs.seed0.json.*\); run every shard"):
