@@ -623,6 +623,8 @@ def run_cells(p, cells, shard):
             except BlockingIOError:
                 print(f"{c['file']}: another process is running this cell; left to it")
                 continue
+            except OSError:  # no locks on this filesystem (Lustre without flock): distinct shards never share a cell
+                print(f"note: {lock.name} cannot be locked on this filesystem; the cell runs unlocked")
             if cells_done([c], quiet=True):  # finished by another process meanwhile
                 continue
             if model[0] != c["checkpoint"]:

@@ -1,6 +1,7 @@
 """finetune.py's grid: one JSON per (checkpoint, task, seed) cell, resumable, sharded, merged at the end.
 The same tiny grid run three ways (one process; --shard 0/2 and 1/2 at once, then --merge; killed midway
 and restarted) must give the same results.json, bitwise (CPU, one thread per process)."""
+import errno
 import json
 import os
 import re
@@ -82,6 +83,16 @@ def test_two_processes_racing_on_one_cell_train_it_once(tmp_path):
     other = logs[1 - logs.index(trained[0])]
     assert "another process is running this cell" in other or "1 of them done already" in other, other
     assert json.load(open(tmp_path / "out" / "results.json"))["scores"][a]["drugs"]["runs"][0]["seed"] == 0
+
+
+def test_a_filesystem_without_locks_runs_the_cells_unlocked(tmp_path, monkeypatch, capsys):
+    def no_locks(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")  # Lustre mounted without flock
+    monkeypatch.setattr(ft.fcntl, "flock", no_locks)
+    p = replace(ft.Protocol(**FAST), out_dir=str(tmp_path / "out"), seeds=1)
+    spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
+    assert ft.run(p, [make_ckpt(tmp_path / "a")[0]], spec) is not None
+    assert "cannot be locked on this filesystem; the cell runs unlocked" in capsys.readouterr().out
 
 
 def test_stale_and_corrupt_cells_are_named_and_rerun(grid, tmp_path, capsys):
