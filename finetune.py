@@ -7,9 +7,10 @@ Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics'
 replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable difference.
 
   python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
-  python finetune.py --ckpts out/clm-decay,out/mlm-decay --seeds 3
-  python finetune.py --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB,gad=cls:../shared/bio/cls/GAD
+  python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB --seeds 3
   python finetune.py --probe true                      # linear probing: frozen encoder, head only
+  python finetune.py --shard 0/4 ... --shard 3/4       # a quarter of the cells each (one per GPU), any order;
+  python finetune.py --merge true                      # then results.md (each shard also tries when it ends)
 Why the detour works (the paper's analyses, the last section of this file):
   python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
   python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
@@ -24,6 +25,7 @@ Every Protocol field below is an option: `--key value` or `--key=value`. main() 
 Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
 """
 import copy
+import fcntl
 import json
 import math
 import os
@@ -97,6 +99,10 @@ class Protocol:
     dtype: str = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
     progress: bool = True           # tqdm bars
     bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
+    # the grid: a (checkpoint, task, seed) cell is skipped when <out_dir>/cells holds it (a rerun resumes)
+    shard: str = ""                 # i/n: cells i, i+n, ... only; "" = all, or in a SLURM job array
+                                    # $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN / $SLURM_ARRAY_TASK_COUNT
+    merge: bool = False             # train nothing: write results.md/.json from the cells (all must exist)
     # analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
     analysis: str = ""              # cka | drift | transplant
     texts: str = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
@@ -113,7 +119,9 @@ RULES = dict(ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=P, we
              cpu_ner_epochs=P, cpu_seeds=P, cpu_learning_rate=P, task_seed=N, max_train=N, max_eval=N,
              pos_weight=(lambda v: v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v))
                          and float(v) > 0, "none | auto | a number > 0"), device=detour.DEVICE, dtype=detour.DTYPE,
-             bootstrap_samples=P, analysis=detour.one_of("", "cka", "drift", "transplant"))  # checked by main
+             bootstrap_samples=P, analysis=detour.one_of("", "cka", "drift", "transplant"),
+             shard=(lambda v: v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(v[:v.index("/")]) < int(
+                 v[v.index("/") + 1:]), "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))  # checked by main
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
 
 # ----------------------------------------------------------------------------------------
@@ -142,15 +150,9 @@ def pearson(x, y):
     return float((x * y).sum() / denom) if denom > 0 else 0.0
 
 def ranks(x):
-    """Ranks 1..n, ties get the average of their ranks (as Spearman needs)."""
-    x = np.asarray(x, float)
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(1, len(x) + 1)
-    for v in np.unique(x):
-        tie = x == v
-        r[tie] = r[tie].mean()
-    return r
+    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last position + 1) / 2."""
+    s = np.sort(np.asarray(x, float))
+    return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
 
 def regression_metrics(gold, pred):
     return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
@@ -267,88 +269,30 @@ def load_encoder(path):
     return model, tokenizer
 
 # ----------------------------------------------------------------------------------------
-# Encoding: [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER labels the first sub-token of
-# each word and ignores the rest, so a word is predicted once, from its first piece.
+# Encoding (tasks.encode, tasks.encode_words): [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER
+# labels the first sub-token of each word and ignores the rest: a word is predicted once, from its first piece.
 # ----------------------------------------------------------------------------------------
-def encode(p, tokenizer, text, text_b=None):
-    """-> (ids, truncated). We add the specials ourselves: a tokenizer's post-processor may
-    or may not, and load_encoder checked that its [CLS]/[SEP] ids are the model's."""
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    a = tokenizer.encode(text, add_special_tokens=False).ids
-    if text_b is None:
-        return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
-    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
-    truncated = len(a) + len(b) > room
-    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
-    return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
+def encode_task(p, task, tokenizer):
+    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict finetune_one takes."""
+    K, index = KINDS[task["kind"]], {l: i for i, l in enumerate(task["labels"])}
 
-def encode_words(p, tokenizer, words, tag_ids):
-    """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
-    sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
-    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
-    text = " ".join(words)
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
-    char_tok = [-1] * len(text)          # the first token that covers each character
-    for t, (s, e) in enumerate(offsets):
-        for ch in range(s, e):
-            if char_tok[ch] < 0:
-                char_tok[ch] = t
-    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
-    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
-        t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
-        start += len(word) + 1
-        mapped.append(t > last)
-        if t > last:
-            target[t], last = tag, t
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
-
-def encode_example(p, K, tokenizer, ex, index, file):
-    """One read example -> (encoded example, truncated); its labels must be in `index`."""
-    if K.per_token:
-        for tag, n in zip(ex["tags"], ex["lines"]):
-            if tag not in index:
-                fail(f"{file}:{n}: tag {tag!r} does not occur in the training split")
-        ids, target, mapped, cut = encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
-        return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
-    for lab in K.gold(ex["label"]):
-        if lab not in index:
-            fail(f"{file}:{ex['line']}: label {lab!r} does not occur in the training split")
-    ids, cut = encode(p, tokenizer, ex["text"], ex["text_b"])
-    return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
-
-def load_task(p, name, kind, path, tokenizer, frozen=False):
-    """Read and encode one task's train/dev/test -> task dict; the label set is the training split's."""
-    if kind not in KINDS:
-        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    K = KINDS[kind]
-    raw = {split: tasks.read_split(path, split, kind) for split in ("train", "dev", "test")}
-    labels = K.label_set(raw["train"][1])
-    index = {l: i for i, l in enumerate(labels)}
+    def encode_example(ex):  # -> (encoded example, truncated)
+        if K.per_token:
+            ids, target, mapped, cut = tasks.encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
+            return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
+        ids, cut = tasks.encode(p, tokenizer, ex["text"], ex["text_b"])
+        return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
     splits, n_trunc = {}, 0
-    for split, (file, rows) in raw.items():
-        encoded = [encode_example(p, K, tokenizer, ex, index, file) for ex in rows]
+    for split, (file, rows) in task["raw"].items():
+        encoded = [encode_example(ex) for ex in rows]
         out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
         limit = p.max_train if split == "train" else p.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
             out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
         splits[split] = out
     if n_trunc:
-        print(f"{name}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
-    if len(labels) < K.min_labels:
-        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
-    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, **splits)
-
-def parse_tasks(spec, tasks_dir):
-    """--tasks -> [(name, kind, path, probe)]; data/tasks.py reads the spec, KINDS are its kinds."""
-    return tasks.parse_tasks(spec, tasks_dir, KINDS)
-
-def build_default_tasks(p):
-    """data/tasks.py's default tasks, written to p.tasks_dir unless they are there already."""
-    return tasks.build_default_tasks(
-        p.tasks_dir, p.pretrain_dir, p.task_seed, p.ner_sizes, p.notes_sizes, p.needle_per_cell,
-        p.needle_lengths, p.needle_positions, rebuild=p.rebuild_tasks)
+        print(f"{task['name']}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
+    return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
 
 # ----------------------------------------------------------------------------------------
 # Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
@@ -585,14 +529,14 @@ def arms_of(ckpt_paths):
     flat = [p for arm in arms for p in arm]
     if len(set(flat)) != len(flat):
         fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
+    if len({len(arm) for arm in arms[:2]}) > 1:  # compared replicate by replicate
+        fail(f"{'+'.join(arms[0])} and {'+'.join(arms[1])} have different numbers of replicates; pair them one to one")
     return arms
 
 def compare(results, names, first, second, samples=10_000):
     """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
     A, B = results["scores"][first], results["scores"][second]
-    reps = len(A[names[0]]["replicate_means"])
-    if reps != len(B[names[0]]["replicate_means"]):
-        fail(f"{first} and {second} have different numbers of replicates; pair them one to one")
+    reps = len(A[names[0]]["replicate_means"])  # the same in both arms (arms_of)
     # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
     units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
     flat = [u for n in names for u in units[n]]
@@ -606,28 +550,11 @@ def compare(results, names, first, second, samples=10_000):
                    p_sign_flip=sign_flip_p(flat), p_bootstrap=paired_bootstrap(flat, [0.0] * len(flat), samples),
                    detectable_difference=detectable_difference(flat))
 
-def run_arm(p, arm, task_specs):
-    """Fine-tune every replicate of one arm on every task with seeds 0..p.seeds-1 -> (its scores
-    {task: dict(runs, mean, std, replicate_means), "average": dict(mean, std, per_run)}, the tasks)."""
-    dev, names, task_info = get_device(p), [t[0] for t in task_specs], []
-    scores = {n: dict(runs=[]) for n in names}
-    for rep, ckpt in enumerate(arm):
-        model, tokenizer = load_encoder(ckpt)
-        model.to(dev)
-        for name, kind, path, frozen in task_specs:
-            task = load_task(p, name, kind, path, tokenizer, frozen)
-            if rep == 0:
-                task_info.append(dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
-                                      probe=frozen or p.probe, labels=task["labels"]))
-            # a frozen encoder's features are the same for every seed: compute them once
-            feats = probe_features(p, model, task) if frozen or p.probe else None
-            for seed in range(p.seeds):
-                t0 = time.time()
-                desc = f"{os.path.basename(ckpt.rstrip('/'))} {name} seed {seed}"
-                r = finetune_one(p, model, task, seed, feats, desc=desc)
-                scores[name]["runs"].append(dict(replicate=rep, checkpoint=ckpt, seed=seed, **r))
-                print(f"{ckpt} {name} seed {seed}: dev {100 * r['dev']['main']:.2f} "
-                      f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
+def arm_scores(p, arm, names, result):
+    """One arm's scores from result[(checkpoint, task, seed)] -> {task: dict(runs, mean, std, replicate_means),
+    "average": dict(mean, std, per_run)}; runs in the order replicate, seed."""
+    scores = {n: dict(runs=[dict(replicate=rep, checkpoint=ckpt, seed=seed, **result[ckpt, n, seed])
+                            for rep, ckpt in enumerate(arm) for seed in range(p.seeds)]) for n in names}
     for sc in scores.values():
         sc.update(mean_std([r["test"]["main"] for r in sc["runs"]]), replicate_means=[
             float(np.mean([r["test"]["main"] for r in sc["runs"] if r["replicate"] == k])) for k in range(len(arm))])
@@ -635,24 +562,113 @@ def run_arm(p, arm, task_specs):
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
                for i in range(len(arm) * p.seeds)]
     scores["average"] = dict(mean_std(per_run), per_run=per_run)
-    return scores, task_info
+    return scores
+
+# ----------------------------------------------------------------------------------------
+# The grid: every (checkpoint, task, seed) is a cell, a run that writes its own JSON under
+# <out_dir>/cells, skipped when that holds the same protocol, checkpoint and task data: the same
+# command resumes a killed grid. --shard i/n runs cells i, i+n, ... (a process per GPU, a SLURM
+# array); the process that finds every cell done writes the results.
+# ----------------------------------------------------------------------------------------
+def grid_cells(p, arms, task_specs):
+    """Read and check every task and checkpoint (all errors come before any training) -> every cell,
+    in the fixed order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, identity)."""
+    read = {name: tasks.read_task(name, kind, path, KINDS, frozen) for name, kind, path, frozen in task_specs}
+    data = {name: dict(kind=kind, probe=frozen or p.probe, files=tasks.digest(f for f, _ in read[name]["raw"].values()))
+            for name, kind, _, frozen in task_specs}
+    files = lambda ckpt: [os.path.join(hf_dir(ckpt), f) for f in ("config.json", "model.safetensors", "tokenizer.json")]
+    digest = {ckpt: load_encoder(ckpt) and tasks.digest(files(ckpt)) for arm in arms for ckpt in arm}  # loaded: checked
+    protocol, slug = {k: getattr(p, k) for k in REPORTED}, lambda s: re.sub(r"[^\w-]+", "_", s)  # one file name
+    return [dict(key=(ckpt, name, seed), checkpoint=ckpt, task=name, seed=seed, read=read[name],
+                 file=os.path.join(p.out_dir, "cells", slug(os.path.normpath(ckpt)), f"{slug(name)}.seed{seed}.json"),
+                 identity=dict(protocol=protocol, checkpoint=digest[ckpt], task=data[name]))
+            for arm in arms for ckpt in arm for name, *_ in task_specs for seed in range(p.seeds)]
+
+def cells_done(cells, quiet=False):
+    """{key: result} of the cells whose JSON is there, complete and made with the cell's identity; the
+    other files (corrupt, or made with another protocol, checkpoint or task data) are named, one line per reason."""
+    done, skipped = {}, {}
+    for c in cells:
+        try:
+            with open(c["file"], "rb") as f:
+                d = json.loads(f.read())
+            old, new, r = d["identity"], c["identity"], d["result"]
+            assert {"dev", "test", "epoch", "losses"} <= set(r) and d["checkpoint"] == c["checkpoint"]
+            why = "made with " + ", ".join([f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"]
+                                            .items() if old["protocol"].get(k) != v] + [
+                f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]])
+        except FileNotFoundError:
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
+            old, why = None, "not a complete cell result (corrupt?)"
+        if old == c["identity"]:
+            done[c["key"]] = r
+        else:
+            skipped.setdefault(why, []).append(c["file"])
+    for why, files in skipped.items() if not quiet else ():
+        others = f" and {len(files) - 1} other cells" * (len(files) > 1)
+        print(f"note: {files[0]}{others} {why}: not reused, to be run again")
+    return done
+
+def run_cells(p, cells, shard):
+    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time; a cell
+    is claimed by a lock on <file>.lock, left to another process that holds it. `shard`: its name, printed."""
+    dev, model, task, done = get_device(p), (None,), (None,), cells_done(cells)
+    print(f"{shard}: {len(cells)} here, {len(done)} of them done already")
+    for c in [c for c in cells if c["key"] not in done]:
+        os.makedirs(os.path.dirname(c["file"]), exist_ok=True)
+        with open(c["file"] + ".lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the process ends, killed or not
+            except BlockingIOError:
+                print(f"{c['file']}: another process is running this cell; left to it")
+                continue
+            except OSError:  # no locks on this filesystem (Lustre without flock): distinct shards never share a cell
+                print(f"note: {lock.name} cannot be locked on this filesystem; the cell runs unlocked")
+            if cells_done([c], quiet=True):  # finished by another process meanwhile
+                continue
+            if model[0] != c["checkpoint"]:
+                model = (c["checkpoint"], *load_encoder(c["checkpoint"]))
+                model[1].to(dev)
+            if task[0] != c["key"][:2]:  # a frozen encoder's features: once for all seeds
+                t = encode_task(p, c["read"], model[2])
+                task = (c["key"][:2], t, probe_features(p, model[1], t) if t["probe"] or p.probe else None)
+            t0, name = time.time(), os.path.basename(c["checkpoint"].rstrip("/"))
+            r = finetune_one(p, model[1], task[1], c["seed"], task[2], desc=f"{name} {c['task']} seed {c['seed']}")
+            cell = dict({k: c[k] for k in ("checkpoint", "task", "seed", "identity")}, device=str(dev), result=r)
+            detour.atomic_write(c["file"], lambda f: f.write(json.dumps(cell, indent=1).encode("utf-8")))
+            os.remove(lock.name)
+            print(f"{c['checkpoint']} {c['task']} seed {c['seed']}: dev {100 * r['dev']['main']:.2f} "
+                  f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
 
 def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or parse_tasks' list),
-    seeds 0..p.seeds-1; compare the first arm with the second; write <p.out_dir>/<report>.md (`note` above the
-    table) and .json. -> results"""
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or tasks.parse_tasks' list),
+    seeds 0..p.seeds-1, as cells (p.shard's; none with p.merge); once all are done, compare the first arm with the
+    second, write <p.out_dir>/<report>.md (`note` above the table) and .json -> results (None while cells miss)"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
-            build_default_tasks(p)
-        task_specs = parse_tasks(task_specs, p.tasks_dir)
-    labels = ["+".join(arm) for arm in arms]
-    results = dict(checkpoints=labels, seeds=list(range(p.seeds)), tasks=[], scores={},
-                   protocol={k: getattr(p, k) for k in REPORTED})
+            tasks.build_default_tasks(p)
+        task_specs = tasks.parse_tasks(task_specs, p.tasks_dir, KINDS)
+    cells, (shard, n) = grid_cells(p, arms, task_specs), (int(x) for x in (p.shard or "0/1").split("/"))
+    if not p.merge:
+        run_cells(p, cells[shard::n], f"shard {shard}/{n} of {len(cells)} cells")
+    result = cells_done(cells)
+    missing = [c["file"] for c in cells if c["key"] not in result]
+    if missing:
+        what = f"{len(missing)} of {len(cells)} cells not done ({', '.join(missing[:3])}{', ...' * (len(missing) > 3)})"
+        if p.merge:
+            fail(f"{what}; run every shard first (the same command without --merge true)")
+        return print(f"{what}; the process that finishes the last one writes {report}.md (or: --merge true)")
+    labels, read = ["+".join(arm) for arm in arms], {c["task"]: c["read"] for c in cells}
+    results = dict(checkpoints=labels, seeds=list(range(p.seeds)), tasks=[
+        dict(name=name, kind=kind, path=path, main=KINDS[kind].main, probe=frozen or p.probe,
+             labels=read[name]["labels"]) for name, kind, path, frozen in task_specs], scores={},
+        protocol=cells[0]["identity"]["protocol"])
     if note:
         results["note"] = note
     for label, arm in zip(labels, arms):
-        results["scores"][label], results["tasks"] = run_arm(p, arm, task_specs)  # the tasks: alike for every arm
+        results["scores"][label] = arm_scores(p, arm, [t[0] for t in task_specs], result)
     if len(arms) >= 2:
         compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
     return write_report(p, report, results, markdown(results, p.bootstrap_samples))
@@ -717,7 +733,14 @@ def main(argv=None):
     settings = asdict(Protocol())
     given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
                                    ("class Protocol", "\nCPU_DEFAULTS"))
+    env = os.environ
+    if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in env:  # a SLURM job array: one shard per array task
+        settings["shard"] = (f"{int(env['SLURM_ARRAY_TASK_ID']) - int(env.get('SLURM_ARRAY_TASK_MIN', 0))}"
+                             f"/{env['SLURM_ARRAY_TASK_COUNT']}")
     detour.check(settings, RULES, "finetune.py")
+    for key in ("out_dir", "tasks_dir"):  # before anything is read or written
+        if os.path.exists(settings[key]) and not os.path.isdir(settings[key]):
+            fail(f"--{key} {settings[key]} is a file, not a directory; give a directory (it is created if missing)")
     p = Protocol(**settings)
     paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
     if p.analysis in ("cka", "drift"):  # no fine-tuning: the CPU default does not apply
@@ -792,8 +815,8 @@ def cka_divergence(p, paths, text_path=None):
     if len(paths) not in (2, 3):
         fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
     text_path = text_path or p.texts or os.path.join(p.pretrain_dir, "val.txt")
-    if not os.path.exists(text_path):
-        fail(f"{text_path} not found; pass --texts (one text per line) or run data/prepare.py")
+    if not os.path.isfile(text_path):
+        fail(f"{text_path} is not a file; pass --texts (a file, one text per line) or run data/prepare.py")
     feats, tokenizers, examples = [], [], None
     for path in paths:
         model, tokenizer = load_encoder(path)

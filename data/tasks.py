@@ -13,15 +13,18 @@ The default tasks are built from world.py with seeds other than the pretraining 
   needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
           text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
 An example whose text occurs verbatim in the pretraining text is dropped (and counted).
-Used by finetune.py, which puts data/ and the repository root on the path.
+Used by finetune.py, which puts data/ and the repository root on the path: it reads and checks
+every task before anything trains (read_task), encodes them per tokenizer (encode, encode_words)
+and records the files' digest with each result (digest).
 """
+import hashlib
 import json
 import os
 import random
 import re
 
 import world
-from detour import atomic_write, fail, read_json
+from detour import IGNORE, atomic_write, fail, read_json
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
 
@@ -56,7 +59,8 @@ LABELS = {
 
 def find_split(directory, split, exts):
     if not os.path.isdir(directory):
-        fail(f"task directory {directory} not found")
+        fail(f"task directory {directory} " + ("is a file; give the directory that holds the split files" if
+                                               os.path.exists(directory) else "not found; check the path in --tasks"))
     for name in SPLIT_NAMES[split]:
         for ext in exts:
             p = os.path.join(directory, name + ext)
@@ -164,6 +168,80 @@ def read_split(directory, split, kind):
         return path, read_conll(path)
     path = find_split(directory, split, (".jsonl", ".tsv"))
     return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
+
+
+def read_task(name, kind, path, kinds, frozen=False):
+    """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py reads
+    every task first): every label must occur in the training split (the label set). `kinds`: finetune.py's
+    KINDS. -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
+    if kind not in kinds:
+        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(kinds)})")
+    K = kinds[kind]
+    raw = {split: read_split(path, split, kind) for split in ("train", "dev", "test")}
+    labels = K.label_set(raw["train"][1])
+    known = set(labels)
+    for file, rows in raw.values():
+        for ex in rows:
+            found = zip(ex["tags"], ex["lines"]) if K.per_token else [(lab, ex["line"]) for lab in K.gold(ex["label"])]
+            for lab, n in found:
+                if lab not in known:
+                    fail(f"{file}:{n}: {'tag' if K.per_token else 'label'} {lab!r} does not occur in the training "
+                         "split")
+    if len(labels) < K.min_labels:
+        fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
+    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
+
+
+def digest(paths):
+    """One SHA-256 of the files' bytes, read in 1 MiB blocks (memory flat in their size): a task's or a
+    checkpoint's identity, which finetune.py's cells record."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------
+# Encoding for finetune.py (p: its Protocol): the specials around the text's tokens; NER labels the
+# first sub-token of each word and ignores the rest, so a word is predicted once, from its first piece.
+# ----------------------------------------------------------------------------------------
+def encode(p, tokenizer, text, text_b=None):
+    """A text, or a pair, as [CLS] a [SEP] (b [SEP]) in p.max_len tokens -> (ids, truncated). We add the
+    specials ourselves: a tokenizer's post-processor may or may not, and finetune.load_encoder checked
+    that its [CLS]/[SEP] ids are the model's."""
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    a = tokenizer.encode(text, add_special_tokens=False).ids
+    if text_b is None:
+        return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
+    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
+    truncated = len(a) + len(b) > room
+    a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
+    return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
+
+
+def encode_words(p, tokenizer, words, tag_ids):
+    """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
+    sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
+    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
+    text = " ".join(words)
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
+    char_tok = [-1] * len(text)          # the first token that covers each character
+    for t, (s, e) in enumerate(offsets):
+        for ch in range(s, e):
+            if char_tok[ch] < 0:
+                char_tok[ch] = t
+    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
+    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
+        t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
+        start += len(word) + 1
+        mapped.append(t > last)
+        if t > last:
+            target[t], last = tag, t
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
 
 
 
@@ -292,19 +370,19 @@ def split_files(rng, split, seen, task_seed, ner_sizes, notes_sizes, needle_per_
     return written
 
 
-def build_default_tasks(directory, pretrain_dir, task_seed, ner_sizes, notes_sizes, needle_per_cell,
-                        needle_lengths, needle_positions, rebuild=False):
-    """Write the default tasks (ner, notes, needle) under `directory` unless they are there
-    already with the same recipe (spec.json), or `rebuild`. Returns the directory."""
+def build_default_tasks(p):
+    """Write the default tasks (ner, notes, needle) under p.tasks_dir unless they are there already with
+    the same recipe (spec.json), or p.rebuild_tasks; p: finetune.py's Protocol. Returns the directory."""
+    directory, pretrain_dir, task_seed = p.tasks_dir, p.pretrain_dir, p.task_seed
     meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
     if os.path.exists(meta_path):
         pretrain = read_json(meta_path, fix="re-run data/prepare.py or point --pretrain_dir elsewhere").get("source")
-    recipe = dict(task_seed=task_seed, ner_sizes=ner_sizes, notes_sizes=notes_sizes,
-                  needle_per_cell=needle_per_cell, needle_lengths=needle_lengths, needle_positions=needle_positions)
+    recipe = {k: getattr(p, k) for k in ("task_seed", "ner_sizes", "notes_sizes", "needle_per_cell", "needle_lengths",
+                                         "needle_positions")}
     spec = dict(version=1, **recipe, pretrain_dir=os.path.abspath(pretrain_dir),
                 pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
     spec_path = os.path.join(directory, "spec.json")
-    if not rebuild and os.path.exists(spec_path):
+    if not p.rebuild_tasks and os.path.exists(spec_path):
         if read_json(spec_path, fix="delete it or pass --rebuild_tasks true") == spec:
             return directory
     print(f"building the default tasks in {directory} (seed {task_seed})")

@@ -111,6 +111,12 @@ ROWS = [
     ("finetune", "--ckpts=", "--ckpts '' must be not empty", ""),
     ("finetune", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out}", "bad_tok_ckpt/tokenizer.json is not a", ""),
     ("finetune", "--tasks t=cls:{root}/task --ckpts {out} --seeds 1", "task/train.jsonl is not UTF-8 text", ""),
+    ("finetune", "--shard 2/2", "--shard '2/2' must be i/n with 0 <= i < n", "cli"),
+    ("finetune", "--shard 1", "--shard '1' must be i/n with 0 <= i < n", ""),
+    ("finetune", "--out_dir {root}/ok.txt", "ok.txt is a file, not a directory", "cli"),
+    ("finetune", "--tasks_dir {root}/ok.txt", "ok.txt is a file, not a directory; give a directory", ""),
+    ("finetune", "--tasks t=cls:{root}/ok.txt --seeds 1", "ok.txt is a file; give the directory that holds the split files", ""),
+    ("finetune", "--analysis cka --ckpts {out},{out} --texts {root}", " is not a file; pass --texts (a file", ""),
 ]
 OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
            "prepare": "--out_dir {data} --n_docs 50",

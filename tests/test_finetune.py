@@ -78,6 +78,11 @@ def make_task_dir(root, kind, n=(24, 8, 8), seed=0):
     return str(root)
 
 
+def load_task(p, name, kind, path, tokenizer, frozen=False):
+    """One task read and checked (tasks.read_task), then encoded for fine-tuning (ft.encode_task)."""
+    return ft.encode_task(p, tasks.read_task(name, kind, path, ft.KINDS, frozen), tokenizer)
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny models: one thread is many times faster than two on a shared 2-core machine."""
@@ -221,25 +226,25 @@ def test_unknown_label_and_missing_split(tmp_path):
     write(d / "train.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="y")]))
     write(d / "dev.jsonl", jsonl([dict(text="a", label="x"), dict(text="b", label="z")]))
     with pytest.raises(SystemExit, match="no test split"):
-        ft.load_task(ft.Protocol(), "t", "cls", str(d), tok)
+        load_task(ft.Protocol(), "t", "cls", str(d), tok)
     write(d / "test.jsonl", jsonl([dict(text="a", label="x")]))
     with pytest.raises(SystemExit, match=r"dev.jsonl:2: label 'z' does not occur in the training split"):
-        ft.load_task(ft.Protocol(), "t", "cls", str(d), tok)
+        load_task(ft.Protocol(), "t", "cls", str(d), tok)
     n = tmp_path / "ner"
     write(n / "train.tsv", "a\tB-X\nb\tO\n")
     write(n / "devel.tsv", "a\tB-X\n\nb\tB-Y\n")
     write(n / "test.tsv", "a\tO\n")
     with pytest.raises(SystemExit, match=r"devel.tsv:3: tag 'B-Y'"):
-        ft.load_task(ft.Protocol(), "n", "ner", str(n), tok)
+        load_task(ft.Protocol(), "n", "ner", str(n), tok)
 
 
 def test_parse_tasks():
-    assert ft.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False),
+    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks", ft.KINDS) == [("chem", "ner", "a/b", False),
                                                               ("gad", "cls", "c", True)]
-    assert [t[0] for t in ft.parse_tasks("default", "data/tasks")] == ["ner", "notes", "needle"]
+    assert [t[0] for t in tasks.parse_tasks("default", "data/tasks", ft.KINDS)] == ["ner", "notes", "needle"]
     for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
         with pytest.raises(SystemExit, match="error:"):
-            ft.parse_tasks(bad, "data/tasks")
+            tasks.parse_tasks(bad, "data/tasks", ft.KINDS)
 
 
 # ----------------------------------------------------------------------------------------
@@ -249,7 +254,7 @@ def test_first_subtoken_alignment(tmp_path):
     tok, proto = make_tokenizer(tmp_path / "tok.json"), ft.Protocol()
     words = ["the", "patient", "took", "metformin", "for", "diabetes"]
     tags = [0, 0, 0, 7, 0, 8]
-    ids, target, mapped, cut = ft.encode_words(proto, tok, words, tags)
+    ids, target, mapped, cut = tasks.encode_words(proto, tok, words, tags)
     pieces = [tok.encode(w, add_special_tokens=False).ids for w in words]
     assert max(len(p) for p in pieces) > 1, "the test tokenizer should split some words"
     assert ids == [2] + [i for p in pieces for i in p] + [3]
@@ -259,7 +264,7 @@ def test_first_subtoken_alignment(tmp_path):
     assert target == want + [ft.IGNORE] and mapped == [True] * 6 and not cut
     # truncation: words past max_len get no token and are predicted O
     proto = replace(proto, max_len=2 + len(pieces[0]) + len(pieces[1]))
-    ids, target, mapped, cut = ft.encode_words(proto, tok, words, tags)
+    ids, target, mapped, cut = tasks.encode_words(proto, tok, words, tags)
     assert cut and mapped == [True, True, False, False, False, False] and len(ids) == proto.max_len
 
 
@@ -267,7 +272,7 @@ def test_encode_pairs_truncate_the_haystack(tmp_path):
     tok = make_tokenizer(tmp_path / "tok.json")
     a = tok.encode("the patient", add_special_tokens=False).ids
     p = ft.Protocol(max_len=len(a) + 5)  # room for the query and 2 haystack tokens
-    ids, cut = ft.encode(p, tok, "the patient", "the the the the the the the")
+    ids, cut = tasks.encode(p, tok, "the patient", "the the the the the the the")
     assert cut and len(ids) == p.max_len and ids[:len(a) + 2] == [2] + a + [3] and ids[-1] == 3
 
 
@@ -294,7 +299,7 @@ def test_each_head_trains(kind, tmp_path, fast):
     p = replace(fast, epochs=3, ner_epochs=3)
     path, _ = make_ckpt(tmp_path / "m")
     model, tok = ft.load_encoder(path)
-    task = ft.load_task(p, kind, kind, make_task_dir(tmp_path / kind, kind), tok)
+    task = load_task(p, kind, kind, make_task_dir(tmp_path / kind, kind), tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = ft.finetune_one(p, model, task, seed=0)
     assert r["losses"][-1] < r["losses"][0]
@@ -310,7 +315,7 @@ def test_probe_trains_only_the_head(tmp_path, fast):
     p = replace(fast, probe_epochs=4)
     path, _ = make_ckpt(tmp_path / "m")
     model, tok = ft.load_encoder(path)
-    task = ft.load_task(p, "c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
+    task = load_task(p, "c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     feats = ft.probe_features(p, model, task)
     assert len(feats["train"]) == len(task["train"]) and feats["train"][0].shape == (32,)
@@ -318,7 +323,7 @@ def test_probe_trains_only_the_head(tmp_path, fast):
     assert r["losses"][-1] < r["losses"][0]
     assert set(r["test"]["groups"]) == {"second", "first"}
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    ner = ft.load_task(p, "n", "ner", make_task_dir(tmp_path / "n", "ner"), tok, frozen=True)
+    ner = load_task(p, "n", "ner", make_task_dir(tmp_path / "n", "ner"), tok, frozen=True)
     r = ft.finetune_one(p, model, ner, seed=0)
     assert r["losses"][-1] < r["losses"][0] and 0 <= r["test"]["f1"] <= 1
 
@@ -413,10 +418,10 @@ def test_default_tasks_are_built_and_read_back(tmp_path):
     assert tasks.pretraining_text(p.pretrain_dir).startswith("Some document")
     write(tmp_path / "pre" / "meta.json", json.dumps(dict(source="generated:world.corpus(3, 7)")))
     assert world.corpus(3, 7)[2] in tasks.pretraining_text(p.pretrain_dir)  # generated corpora are regenerated
-    root = ft.build_default_tasks(p)
+    root = tasks.build_default_tasks(p)
     ner = os.path.join(root, "ner")
     mtime = os.path.getmtime(os.path.join(ner, "train.tsv"))
-    assert ft.build_default_tasks(p) == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
+    assert tasks.build_default_tasks(p) == root and os.path.getmtime(os.path.join(ner, "train.tsv")) == mtime  # once
     sents = [s for split in ("train", "dev", "test") for s in tasks.read_conll(os.path.join(ner, f"{split}.tsv"))]
     texts = [" ".join(s["words"]) for s in sents]
     assert len(sents) == 12 and len(set(texts)) == 12 and " ".join(words) not in texts
@@ -442,9 +447,9 @@ def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path):
     path, _ = make_ckpt(tmp_path / "m")
     _, tok = ft.load_encoder(path)
     d = make_task_dir(tmp_path / "ner", "ner", n=(24, 8, 8))
-    full = ft.load_task(ft.Protocol(), "ner", "ner", d, tok)
+    full = load_task(ft.Protocol(), "ner", "ner", d, tok)
     p = ft.Protocol(max_train=10, max_eval=5)
-    a, b = ft.load_task(p, "ner", "ner", d, tok), ft.load_task(p, "ner", "ner", d, tok)
+    a, b = load_task(p, "ner", "ner", d, tok), load_task(p, "ner", "ner", d, tok)
     assert (len(a["train"]), len(a["dev"]), len(a["test"])) == (10, 5, 5)
     assert [x["ids"] for x in a["train"]] == [x["ids"] for x in b["train"]]      # the same subset each time
     assert all(x["ids"] in [y["ids"] for y in full["train"]] for x in a["train"])
