@@ -172,8 +172,8 @@ def apply_rope(x, cos, sin):
 def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
     """True where the query at position qi of row b may attend to the key at kj (integer tensors that
     broadcast; keys outside [0, T) are never seen). The one predicate of every attention path: the
-    dense mask, the sliding-window block mask, and the varlen kernel's spans and windows restate it.
-    The CLM detour is `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
+    dense mask, the sliding-window block mask (the varlen kernel's spans and windows restate it). The CLM
+    detour is `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
     is itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
     ok = (kj >= 0) & (kj < T)
     if causal:
@@ -224,24 +224,20 @@ def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
     return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]
 
 
-def document_spans(doc_ids, attention_mask=None):
-    """The varlen kernel's sequences in packed (B, T) rows -> (cu_seqlens: int32 offsets of the spans in
-    the flattened B x T tokens, then B x T; the longest span). A span starts at every row start (a row
-    end cuts a document) and wherever the document id changes ([SEP] closes a document) or padding
-    starts. Built on the CPU batch: the kernel's lengths cost the device no sync."""
-    key = doc_ids if attention_mask is None else doc_ids * 2 + (attention_mask == 0)
-    start = torch.ones_like(key, dtype=torch.bool)
-    start[:, 1:] = key[:, 1:] != key[:, :-1]
+def document_spans(key):
+    """The varlen kernel's sequences in (B, T) rows -> (cu_seqlens: int32 offsets of the spans in the B x T
+    tokens, then B x T; the longest span). A span starts at every row start (a row end cuts a document)
+    and wherever `key` changes: the document id ([SEP] closes a document), with padding in it if any."""
+    start = torch.cat([torch.ones_like(key[:, :1], dtype=torch.bool), key[:, 1:] != key[:, :-1]], 1)
     cu = torch.cat([start.view(-1).nonzero().view(-1), torch.tensor([key.numel()])]).int()
-    return cu, int((cu[1:] - cu[:-1]).max())
+    return cu, int(cu.diff().max())
 
 
 def varlen_attention(q, k, v, spans, window, causal):
-    """Attention within each span of `spans` (document_spans) with FlashAttention's variable-length
-    kernel on (B, H, T, D) tensors: the B rows become one stream of documents, so no pair across
-    documents, and under `causal` none above the diagonal, is ever computed. The kernel's window_size
-    (left, right) is may_attend's rule: |qi - kj| <= window in a local layer, right 0 when causal."""
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10; attention_backend checks
+    """Attention within each span (document_spans) by FlashAttention's variable-length kernel on (B, H, T, D)
+    tensors: no pair across documents nor (causal) above the diagonal is computed; window_size (left, right)
+    is may_attend's |qi - kj| <= window, right 0 if causal."""
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: attention_backend checks
     B, H, T, D = q.shape
     (cu, longest), left = spans, -1 if window is None else window
     flat = [x.transpose(1, 2).reshape(B * T, H, D) for x in (q, k, v)]
@@ -249,36 +245,14 @@ def varlen_attention(q, k, v, spans, window, causal):
     return y.view(B, T, H, D).transpose(1, 2)
 
 
-def attention_backend(wanted, device_type, capability, bf16, dropout, has_varlen):
-    """The backend a run uses, decided once at start-up -> (backend, the warning to print or None).
-    varlen needs a CUDA GPU with FlashAttention (compute capability 8.0+), bf16 (the kernel has no
-    fp32), torch's varlen module and no attention dropout; `auto` takes it where it can run and sdpa
-    elsewhere (quietly on a CPU, where sdpa is the expected path); a fallback never happens mid-run."""
-    if wanted not in ("auto", "varlen"):
-        return wanted, None
-    needs = [need for need, ok in (("a CUDA device", device_type == "cuda"),
-                                   ("compute capability 8.0+", capability >= (8, 0)),
-                                   ("bf16 (--dtype auto or bfloat16)", bf16), ("attention_dropout 0", dropout == 0),
-                                   ("torch.nn.attention.varlen (torch >= 2.10)", has_varlen)) if not ok]
-    if not needs:
-        return "varlen", None
-    quiet = wanted == "auto" and device_type != "cuda"
-    return "sdpa", None if quiet else f"warning: attn_backend={wanted} needs {', '.join(needs)}; using sdpa"
-
-
 def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0,
                   spans=None):
-    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward
-    and shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen
-    (CUDA, see attention_backend; `spans` from the CPU batch, else built here at the cost of a device
-    sync), dense_window (local layers under the dense T x T window mask: the O(T^2) reference of the
-    benchmark's ablation)."""
+    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward and
+    shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen (CUDA:
+    attention_backend; `spans` from document_spans), dense_window (local layers under the dense T x T
+    window mask: the O(T^2) reference of the benchmark's ablation)."""
     half, masks = config.local_attention // 2, (attention_mask, doc_ids)
     if backend == "varlen":
-        if spans is None:
-            docs = torch.zeros(B, T, dtype=torch.long) if doc_ids is None else doc_ids.cpu()
-            spans = document_spans(docs, None if attention_mask is None else attention_mask.cpu())
-        spans = (spans[0].to(device, non_blocking=True), spans[1])
         return {kind: functools.partial(varlen_attention, spans=spans, window=w, causal=causal)
                 for kind, w in (("full_attention", None), ("sliding_attention", half))}
     full_mask = None  # without padding or documents: SDPA's own causal flag, no T x T tensor
@@ -394,8 +368,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V
     of them: training needs the loss, not the logits. Rows go through in chunks; each chunk's gradient
     (softmax - one-hot) becomes the gradients of h, weight and bias right away, in the forward pass,
-    and backward only scales them. Rows whose target is IGNORE (a fixed capacity's padding slots)
-    carry no loss and no gradient; the mean is over the others, `n` of them."""
+    and backward only scales them. Rows with target IGNORE (padding slots) count nothing: mean over `n`."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, n, chunk=1024):
@@ -405,8 +378,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         loss = torch.zeros((), device=h.device)
         for s in range(0, h.size(0), chunk):
             hc, t = h[s:s + chunk], targets[s:s + chunk]
-            real = (t != IGNORE).float()[:, None]        # 1 or 0: exact, x * 1 is x
-            t = t.clamp_min(0)
+            real, t = (t != IGNORE).float()[:, None], t.clamp_min(0)  # x * 1.0 is x: no change to real rows
             logits = F.linear(hc, weight, bias).float()  # softmax in fp32, also under autocast
             lse = logits.logsumexp(-1)
             loss += ((lse - logits.gather(1, t[:, None]).squeeze(1)) * real[:, 0]).sum()
@@ -462,36 +434,26 @@ class ModernBERT(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
 
-    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, return_logits=None,
-                spans=None, capacity=None):
-        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T;
-        IGNORE = no loss) the head runs only on the supervised positions (sparse prediction: 15-30% of
-        tokens for MLM) and logits are (N, V), or None when return_logits is False (the default in
-        training): LinearCrossEntropy then never builds them. With `capacity` (--compile) the head sees
-        that many slots whatever the batch, the supervised positions first, the rest IGNORE: one shape,
-        one compiled graph. CLM and MLM share this code: the caller decides `causal` and the targets."""
+    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, spans=None, capacity=None):
+        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T; IGNORE =
+        no loss): logits None, the loss by LinearCrossEntropy with the head only on the supervised positions
+        (sparse prediction: 15-30% of tokens for MLM), or with `capacity` (--compile) on that many slots, the
+        supervised positions first: one shape, one compiled graph. CLM and MLM share this code."""
         h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids, spans=spans)
         if targets is None:
             return self.decoder(self.head(h)), None
         h, targets = h.reshape(-1, h.size(-1)), targets.reshape(-1)
         if capacity is None:
             keep = targets != IGNORE
-            h, targets = self.head(h[keep]), targets[keep]
+            h, targets, n = h[keep], targets[keep], int(keep.sum())
         else:
             slot = torch.nonzero_static(targets != IGNORE, size=capacity, fill_value=-1).view(-1)
-            h, targets = self.head(h[slot.clamp_min(0)]), torch.where(slot >= 0, targets[slot.clamp_min(0)], IGNORE)
-        if return_logits is None:
-            return_logits = not self.training  # a training step needs only the loss
-        if not return_logits:
-            n = targets.size(0) if capacity is None else (targets != IGNORE).sum()
-            return None, LinearCrossEntropy.apply(h, self.decoder.weight, self.decoder.bias, targets, n)
-        logits = self.decoder(h)
-        return logits, F.cross_entropy(logits.float(), targets)
+            h, targets, n = h[slot.clamp(0)], torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE), (slot >= 0).sum()
+        return None, LinearCrossEntropy.apply(self.head(h), self.decoder.weight, self.decoder.bias, targets, n)
 
     @torch.no_grad()
     def score(self, idx, targets, causal=False, doc_ids=None, spans=None, chunk=1024):
-        """(mean loss, share of exact argmax predictions) on the supervised positions, the decoder's
-        logits `chunk` rows at a time: evaluation never holds N x V logits (CLM: N = B x T)."""
+        """(mean loss, share of argmax hits) on the supervised positions, never N x V logits at once."""
         h = self.model(idx, causal=causal, doc_ids=doc_ids, spans=spans)
         keep = targets.reshape(-1) != IGNORE
         h, targets = self.head(h.reshape(-1, h.size(-1))[keep]), targets.reshape(-1)[keep]
@@ -567,8 +529,8 @@ def clm_batch(buf, sep_id):
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
     """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept); loss
     only there. Unlike FlexBERT, special tokens are never chosen nor used as random replacements,
-    and every document in the window gets at least one prediction. A few ms for 4 x 8192 tokens on one
-    thread (elementwise ops only, no table), on the worker thread that prepares the next micro-batch."""
+    and every document in the window gets at least one prediction. Elementwise ops, no table: ~2 ms for
+    4 x 8192 tokens on one thread."""
     x = buf[:, :-1]
     special = functools.reduce(torch.logical_or, [x == i for i in config.special_ids])
     score = torch.rand(x.shape, generator=gen).masked_fill_(special, 2.0)
@@ -648,57 +610,14 @@ def lr_at(cfg, tokens, total, step_tokens=0):
 
 # ----------------------------------------------------------------------------------------
 # 6. Training: setup() gathers the run's state, train() is the loop.
-def prepare(cfg, run, buf, sample):
-    """A micro-batch from the windows `buf` (masks seeded by `sample`), ready for the model: the
-    phase's inputs and targets, document ids (sdpa) or spans (varlen), under --compile the head's
-    capacity, and its model FLOPs for MFU (the pairs the masks allow, these documents' lengths). All
-    on the CPU, so nothing here waits for the device; on a GPU the copies go from pinned memory
-    without blocking, on the worker thread of micro_batches."""
-    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
-    doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
-    (cu, longest), n = document_spans(doc_ids), int((y != IGNORE).sum())
-    varlen, pin = run.raw_model.model.attn_backend == "varlen", run.device.type == "cuda"
-    dev = lambda t: (t.pin_memory() if pin else t).to(run.device, non_blocking=True)  # noqa: E731
-    return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,
-                           doc_ids=dev(doc_ids) if cfg.doc_mask and not varlen else None,
-                           capacity=head_capacity(cfg, y.numel(), n) if cfg.compile else None,
-                           flops=model_flops(run.config, (cu[1:] - cu[:-1]).numpy(), causal, n))
-
-
-def head_capacity(cfg, tokens, supervised):
-    """The head's slots under --compile (ModernBERT.forward's `capacity`), one number per phase so that
-    the compiled graph never meets a new shape: every position for CLM; for MLM the masking rate's
-    count plus 8 standard deviations and 8 (for the one forced prediction of a document with none).
-    A batch with more supervised positions (not seen in practice) takes every position: one compile more."""
-    rate = predicted_fraction(cfg)
-    cap = min(tokens, math.ceil(rate * tokens + 8 * math.sqrt(tokens * rate * (1 - rate))) + 8)
-    return cap if supervised <= cap else tokens
-
-
-def micro_batches(cfg, run, step):
-    """This rank's micro-batches from `step` on, in training order: each is prepared on a worker thread
-    while the one before it trains. Their content is a pure function of (seeds, sample index)."""
-    def at(i):
-        s, micro = divmod(i, run.accum)
-        first = run.sample0 + (step + s) * cfg.global_batch_size + (micro * run.world + run.rank) * cfg.batch_size
-        return prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)
-
-    with ThreadPoolExecutor(1) as worker:
-        ahead = worker.submit(at, 0)
-        for i in itertools.count(1):
-            current, ahead = ahead.result(), worker.submit(at, i)
-            yield current
-
-
 @torch.no_grad()
 def evaluate(model, cfg, run):
     """The phase's objective on a fixed set of validation windows (the same every time, masks seeded
-    by the window index; at least one micro-batch per rank), averaged over ranks -> dict(loss, acc,
+    by the window index; one micro-batch per rank at least), averaged over ranks -> dict(loss, acc,
     unigram): the loss, the share of targets predicted exactly (argmax), and the loss of the train-set
-    unigram on the same targets. `model` unwrapped: evaluation runs eager, no DDP, no recompile."""
+    unigram on the same targets. `model` is the raw model: eager, no DDP, no recompile."""
     model.eval()
-    T = cfg.seq_len
-    n = max(1, min(run.val.n, max(cfg.eval_tokens // T, run.world * cfg.batch_size)))
+    n, T = max(1, min(run.val.n, max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size))), cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
     for first in range(run.rank * cfg.batch_size, n, run.world * cfg.batch_size):
         k = min(cfg.batch_size, n - first)
@@ -707,7 +626,8 @@ def evaluate(model, cfg, run):
         b = prepare(cfg, run, buf, 10**9 + first)
         with run.amp:
             loss, acc = model.score(b.x, b.y_dev, causal=b.causal, doc_ids=b.doc_ids, spans=b.spans)
-        total += torch.tensor([loss.item() * k, acc.item() * k, -run.unigram_logp[b.y[b.y != IGNORE]].mean().item() * k, k])
+        unigram = -run.unigram_logp[b.y[b.y != IGNORE]].mean().item()
+        total += torch.tensor([loss.item() * k, acc.item() * k, unigram * k, k])
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
@@ -734,12 +654,8 @@ def setup(cfg):
         raw_model.model.layers[i].requires_grad_(False)
     raw_model.to(device)
     use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
-    backend, warning = attention_backend(cfg.attn_backend, device.type, torch.cuda.get_device_capability(device) if
-                                         device.type == "cuda" else (0, 0), use_bf16, config.attention_dropout,
-                                         importlib.util.find_spec("torch.nn.attention.varlen") is not None)
-    if warning and rank == 0:  # decided here, once: never a fallback mid-run
-        print(warning, file=sys.stderr)
-    raw_model.model.attn_backend = backend
+    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16, config.attention_dropout,
+                                                     warn=rank == 0)
     optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
@@ -760,8 +676,7 @@ def setup(cfg):
         total_steps=max(1, math.ceil(start["budget"] / tokens_per_step)),
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
         unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
-        tokenizer=tokenizer, signal=None, bad_step=torch.full((1,), -1, device=device),
-        bad_loss=torch.zeros(1, device=device))
+        tokenizer=tokenizer, signal=None, loss=torch.zeros(1))
     for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
         signal.signal(sig, lambda s, _: setattr(run, "signal", s))
     run.log = open_outputs(cfg, run)
@@ -786,17 +701,15 @@ def train(cfg):
             b = next(batches)
             with nullcontext() if run.world == 1 or micro == run.accum - 1 else model.no_sync():
                 with run.amp:
-                    loss = model(b.x, b.y_dev, causal=b.causal, doc_ids=b.doc_ids, spans=b.spans, capacity=b.capacity)[1]
+                    loss = model(b.x, b.y_dev, b.causal, doc_ids=b.doc_ids, spans=b.spans, capacity=b.capacity)[1]
                 (loss / run.accum).backward()
             loss_sum += loss.detach().float() / run.accum
             flops += b.flops
-        # the loss averaged over ranks, kept on the device (no host sync per step): read at log steps; the
-        # first non-finite one is kept there too, and check_finite stops the run before a log or checkpoint
+        # the loss averaged over ranks, kept on the device (no host sync per step): check_finite reads it
         if run.world > 1:
             dist.all_reduce(loss_sum)
             loss_sum /= run.world
-        seen = torch.isfinite(loss_sum) | (run.bad_step >= 0)
-        run.bad_step, run.bad_loss = torch.where(seen, run.bad_step, step), torch.where(seen, run.bad_loss, loss_sum)
+        run.loss = loss_sum
         # the optimizer step
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
@@ -805,12 +718,10 @@ def train(cfg):
         step, tokens = step + 1, tokens + run.tokens_per_step
         bar.update(1)
         last_step = step == run.total_steps
-        # every log_interval steps: training loss, lr, speed and MFU (this rank's FLOPs on allowed
-        # attention pairs, against this device's bf16 peak)
+        # every log_interval steps: training loss, lr, speed and MFU (FLOPs on allowed pairs / bf16 peak)
         record = None
         if step % cfg.log_interval == 0 or last_step:
-            check_finite(cfg, run)
-            record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
+            record = dict(step=step, tokens=tokens, loss=round(check_finite(cfg, run, step), 5), lr=lr,
                           tok_per_s=round((tokens - tok0) / max(time.time() - t0, 1e-9)))
             if run.peak_flops:
                 record["mfu"] = round(flops / max(time.time() - t0, 1e-9) / run.peak_flops, 4)
@@ -846,14 +757,6 @@ def train(cfg):
     if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits on these
         print_samples(cfg, run)
     return run.raw_model
-
-
-def check_finite(cfg, run):
-    """A diverged run stops before it logs or checkpoints again: its last good checkpoint is kept. The
-    first non-finite loss and its step wait on the device (train); reading them is the one sync."""
-    if (step := int(run.bad_step.item())) >= 0:
-        fail(f"loss is {run.bad_loss.item()} at step {step}; the last good checkpoint "
-             f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
 
 
 @torch.no_grad()
@@ -1062,29 +965,76 @@ def hf_tokenizer_files(config, tokenizer_path):
 
 # Model FLOPs, for MFU
 def attention_pairs(lengths, window=None, causal=False):
-    """The query-key pairs may_attend allows in documents of these lengths: every pair in a document
-    (kj <= qi when causal), or in a local layer those within `window` positions; each query sees
-    itself, min(i, window) keys before it and (bidirectional) as many after it."""
-    n = np.asarray(lengths, dtype=np.float64)
-    if window is None:
-        return float((n * (n + 1) / 2 if causal else n * n).sum())
-    before = np.where(n <= window + 1, n * (n - 1) / 2, window * (window + 1) / 2 + (n - 1 - window) * window)
-    return float((n + before * (1 if causal else 2)).sum())
+    """The query-key pairs may_attend allows in documents of these lengths: query i sees itself, the
+    min(i, window) keys before it (all i without a window) and, unless causal, as many after it."""
+    before = sum(float(np.minimum(np.arange(n), n if window is None else window).sum()) for n in lengths)
+    return float(np.sum(lengths)) + before * (1 if causal else 2)
 
 
 def model_flops(config, lengths, causal=False, predicted=None):
-    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on
-    packed documents of these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id;
-    attention 2d per allowed query-key pair (scores, then values; attention_pairs: only the pairs the
-    document and window masks allow, which is what the varlen kernel computes). The head (dense d^2,
-    decoder dV) on the `predicted` tokens (default all: MLM predicts 15-30%). Norms, activations and
-    softmax are left out."""
+    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on packed
+    documents of these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d
+    per pair the masks allow (attention_pairs); the head (d^2 + dV) on the `predicted` tokens (default all).
+    Norms, activations and softmax are left out."""
     d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
     windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
     forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
                   for kind in config.layer_types)
     forward += (tokens if predicted is None else predicted) * 2 * (d * d + d * config.vocab_size)
     return 3 * forward
+
+
+# The GPU path: the attention backend decided once, batches prepared ahead, one compiled shape, no syncs.
+def attention_backend(wanted, device, bf16, dropout, warn=True):
+    """The attention backend, decided at start-up (never changed mid-run): varlen where its needs are met,
+    else sdpa, quietly for `auto` on a CPU, else with one warning line."""
+    cuda = torch.device(device).type == "cuda"
+    needs = [need for need, ok in (("a CUDA device", cuda), ("bf16", bf16), ("attention_dropout 0", dropout == 0),
+                                   ("sm80+", not cuda or torch.cuda.get_device_capability(device) >= (8, 0)),
+                                   ("torch >= 2.10", importlib.util.find_spec("torch.nn.attention.varlen"))) if not ok]
+    if (fallback := wanted in ("auto", "varlen") and needs) and warn and (cuda or wanted == "varlen"):
+        print(f"warning: attn_backend={wanted} needs {', '.join(needs)}; using sdpa", file=sys.stderr)
+    return "sdpa" if fallback else "varlen" if wanted == "auto" else wanted
+
+
+def prepare(cfg, run, buf, sample):
+    """The phase's batch of the windows `buf` (masks seeded by `sample`) for the model: inputs, targets,
+    document ids (sdpa) or spans (varlen), its FLOPs on allowed pairs (MFU), and under --compile the head's
+    capacity, one per phase: all positions for CLM, for MLM the rate's count + 8 standard deviations + 8 (a
+    batch above it, not seen in practice, takes all: one compile more). Built on the CPU, so nothing waits for
+    the device; on a GPU copied from pinned memory without blocking."""
+    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
+    doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
+    (cu, longest), n, rate = document_spans(doc_ids), int((y != IGNORE).sum()), predicted_fraction(cfg)
+    cap = min(y.numel(), math.ceil(rate * y.numel() + 8 * math.sqrt(y.numel() * rate * (1 - rate))) + 8)
+    varlen, pin = run.raw_model.model.attn_backend == "varlen", run.device.type == "cuda"
+    dev = lambda t: (t.pin_memory() if pin else t).to(run.device, non_blocking=True)  # noqa: E731
+    return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,
+                           doc_ids=dev(doc_ids) if cfg.doc_mask and not varlen else None,
+                           capacity=(cap if n <= cap else y.numel()) if cfg.compile else None,
+                           flops=model_flops(run.config, (cu[1:] - cu[:-1]).numpy(), causal, n))
+
+
+def micro_batches(cfg, run, step):
+    """This rank's micro-batches (prepare) from `step` on, in training order, each built on a worker thread
+    while the one before it trains. Their content is a pure function of (seeds, sample index)."""
+    firsts = (run.sample0 + s * cfg.global_batch_size + (m * run.world + run.rank) * cfg.batch_size
+              for s in itertools.count(step) for m in range(run.accum))
+    load = lambda first: prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)  # noqa: E731
+    with ThreadPoolExecutor(1) as worker:
+        ahead = worker.submit(load, next(firsts))
+        for first in firsts:
+            current, ahead = ahead.result(), worker.submit(load, first)
+            yield current
+
+
+def check_finite(cfg, run, step):
+    """The last step's loss, read from the device. A diverged run stops before it logs or checkpoints (the last
+    good checkpoint stays); a NaN stays in AdamW's moments, so every later loss is NaN too."""
+    if not math.isfinite(loss := run.loss.item()):
+        fail(f"loss is {loss} at step {step}; the last good checkpoint is kept in {cfg.out_dir}. "
+             "Try a lower --learning_rate or --grad_clip 1.0")
+    return loss
 
 
 # Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
@@ -1294,7 +1244,7 @@ def start_point(cfg, ckpt, optimizer):
 
 def save_run(cfg, run, step, tokens):
     """Rank 0 checkpoints the run at `step`: what start_point needs to resume it (never a diverged one)."""
-    check_finite(cfg, run)
+    check_finite(cfg, run, step)
     if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
         ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
