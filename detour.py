@@ -225,18 +225,16 @@ def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
 
 
 def document_spans(key):
-    """The varlen kernel's sequences in (B, T) rows -> (cu_seqlens: int32 offsets of the spans in the B x T
-    tokens, then B x T; the longest span). A span starts at every row start (a row end cuts a document)
-    and wherever `key` changes: the document id ([SEP] closes a document), with padding in it if any."""
+    """The varlen kernel's sequences in (B, T) rows -> (int32 cu_seqlens into the B x T tokens, longest): a span
+    starts at each row start (a row end cuts a document) and where `key` (the document id) changes."""
     start = torch.cat([torch.ones_like(key[:, :1], dtype=torch.bool), key[:, 1:] != key[:, :-1]], 1)
     cu = torch.cat([start.view(-1).nonzero().view(-1), torch.tensor([key.numel()])]).int()
     return cu, int(cu.diff().max())
 
 
 def varlen_attention(q, k, v, spans, window, causal):
-    """Attention within each span (document_spans) by FlashAttention's variable-length kernel on (B, H, T, D)
-    tensors: no pair across documents nor (causal) above the diagonal is computed; window_size (left, right)
-    is may_attend's |qi - kj| <= window, right 0 if causal."""
+    """Attention within each span by FlashAttention's variable-length kernel on (B, H, T, D): no pair across documents
+    nor (causal) above the diagonal is computed; window_size (left, right) is may_attend's |qi - kj| <= window."""
     from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: attention_backend checks
     B, H, T, D = q.shape
     (cu, longest), left = spans, -1 if window is None else window
@@ -248,9 +246,8 @@ def varlen_attention(q, k, v, spans, window, causal):
 def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0,
                   spans=None):
     """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward and
-    shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen (CUDA:
-    attention_backend; `spans` from document_spans), dense_window (local layers under the dense T x T
-    window mask: the O(T^2) reference of the benchmark's ablation)."""
+    shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen (CUDA, on
+    `spans`), dense_window (local layers under the dense T x T window mask: the benchmark's O(T^2) reference)."""
     half, masks = config.local_attention // 2, (attention_mask, doc_ids)
     if backend == "varlen":
         return {kind: functools.partial(varlen_attention, spans=spans, window=w, causal=causal)
@@ -442,13 +439,10 @@ class ModernBERT(nn.Module):
         h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids, spans=spans)
         if targets is None:
             return self.decoder(self.head(h)), None
-        h, targets = h.reshape(-1, h.size(-1)), targets.reshape(-1)
-        if capacity is None:
-            keep = targets != IGNORE
-            h, targets, n = h[keep], targets[keep], int(keep.sum())
-        else:
-            slot = torch.nonzero_static(targets != IGNORE, size=capacity, fill_value=-1).view(-1)
-            h, targets, n = h[slot.clamp(0)], torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE), (slot >= 0).sum()
+        keep, targets = targets.reshape(-1) != IGNORE, targets.reshape(-1)
+        slot = keep.nonzero() if capacity is None else torch.nonzero_static(keep, size=capacity, fill_value=-1)
+        slot, n = slot.view(-1), len(slot) if capacity is None else (slot >= 0).sum()
+        h, targets = h.reshape(-1, h.size(-1))[slot.clamp(0)], torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE)
         return None, LinearCrossEntropy.apply(self.head(h), self.decoder.weight, self.decoder.bias, targets, n)
 
     @torch.no_grad()
@@ -529,8 +523,7 @@ def clm_batch(buf, sep_id):
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
     """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept); loss
     only there. Unlike FlexBERT, special tokens are never chosen nor used as random replacements,
-    and every document in the window gets at least one prediction. Elementwise ops, no table: ~2 ms for
-    4 x 8192 tokens on one thread."""
+    and every document in the window gets at least one prediction. Elementwise ops only, no id table."""
     x = buf[:, :-1]
     special = functools.reduce(torch.logical_or, [x == i for i in config.special_ids])
     score = torch.rand(x.shape, generator=gen).masked_fill_(special, 2.0)
@@ -612,10 +605,9 @@ def lr_at(cfg, tokens, total, step_tokens=0):
 # 6. Training: setup() gathers the run's state, train() is the loop.
 @torch.no_grad()
 def evaluate(model, cfg, run):
-    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded
-    by the window index; one micro-batch per rank at least), averaged over ranks -> dict(loss, acc,
-    unigram): the loss, the share of targets predicted exactly (argmax), and the loss of the train-set
-    unigram on the same targets. `model` is the raw model: eager, no DDP, no recompile."""
+    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded by the
+    window index; a micro-batch per rank at least), averaged over ranks, by the raw model (eager) -> dict(loss,
+    acc, unigram): the loss, the share of exact argmax predictions, the train-set unigram's loss on them."""
     model.eval()
     n, T = max(1, min(run.val.n, max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size))), cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
@@ -751,7 +743,6 @@ def train(cfg):
                       f"Continue with --init_from resume --out_dir {cfg.out_dir}")
             break
     bar.close()
-    batches.close()
     if run.world > 1:
         dist.destroy_process_group()
     if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits on these
@@ -972,10 +963,9 @@ def attention_pairs(lengths, window=None, causal=False):
 
 
 def model_flops(config, lengths, causal=False, predicted=None):
-    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on packed
-    documents of these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d
-    per pair the masks allow (attention_pairs); the head (d^2 + dV) on the `predicted` tokens (default all).
-    Norms, activations and softmax are left out."""
+    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on documents of
+    these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d per pair the masks
+    allow (attention_pairs); the head (d^2 + dV) on `predicted` tokens (default all). Norms, softmax left out."""
     d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
     windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
     forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
@@ -998,11 +988,10 @@ def attention_backend(wanted, device, bf16, dropout, warn=True):
 
 
 def prepare(cfg, run, buf, sample):
-    """The phase's batch of the windows `buf` (masks seeded by `sample`) for the model: inputs, targets,
-    document ids (sdpa) or spans (varlen), its FLOPs on allowed pairs (MFU), and under --compile the head's
-    capacity, one per phase: all positions for CLM, for MLM the rate's count + 8 standard deviations + 8 (a
-    batch above it, not seen in practice, takes all: one compile more). Built on the CPU, so nothing waits for
-    the device; on a GPU copied from pinned memory without blocking."""
+    """The batch of windows `buf` (masks seeded by `sample`) for the model, built on the CPU (nothing waits for the
+    device) and copied from pinned memory without blocking: inputs, targets, document ids (sdpa) or spans (varlen),
+    its FLOPs on allowed pairs (MFU), under --compile the head's capacity: one per phase, all positions for CLM, the
+    MLM rate's count + 8 standard deviations + 8 (a batch above it, never seen, takes all: one compile more)."""
     x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
     doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
     (cu, longest), n, rate = document_spans(doc_ids), int((y != IGNORE).sum()), predicted_fraction(cfg)
@@ -1016,8 +1005,7 @@ def prepare(cfg, run, buf, sample):
 
 
 def micro_batches(cfg, run, step):
-    """This rank's micro-batches (prepare) from `step` on, in training order, each built on a worker thread
-    while the one before it trains. Their content is a pure function of (seeds, sample index)."""
+    """This rank's micro-batches from `step` on, each prepared on a worker thread while the one before trains."""
     firsts = (run.sample0 + s * cfg.global_batch_size + (m * run.world + run.rank) * cfg.batch_size
               for s in itertools.count(step) for m in range(run.accum))
     load = lambda first: prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)  # noqa: E731
@@ -1102,8 +1090,8 @@ RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=NOT_EMPTY
              max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"), decay_tokens=NON_NEGATIVE,
              data_seed=NON_NEGATIVE, seed=NON_NEGATIVE, learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE,
              min_lr_ratio=FRACTION, beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
-             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, attn_backend=one_of("auto", "sdpa", "varlen", "dense_window"),
-             eval_interval=POSITIVE, eval_tokens=POSITIVE, log_interval=POSITIVE, ckpt_interval=POSITIVE)
+             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, eval_interval=POSITIVE, eval_tokens=POSITIVE,
+             attn_backend=one_of("auto", "sdpa", "varlen", "dense_window"), log_interval=POSITIVE, ckpt_interval=POSITIVE)
 BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 

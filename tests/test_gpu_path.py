@@ -302,7 +302,7 @@ def test_gpu_check_without_cuda_is_one_line_and_exit_0():
 
 def test_gpu_check_smoke_on_cpu(tmp_path):
     """All of gpu_check's code at toy sizes on the CPU (--device cpu --smoke): parity with
-    transformers, causality, flex vs sdpa (a fallback here), detour.main end to end, speed rows
+    transformers, causality, varlen vs sdpa (a skip here: no CUDA), detour.main end to end, speed rows
     with the SDPA kernel probe, the table and the JSON. DDP is skipped there without GPUs, so
     its torchrun comparison runs here on gloo. Compiled speed rows are not run (compile time)."""
     gc = load_gpu_check()
