@@ -976,8 +976,7 @@ def model_flops(config, lengths, causal=False, predicted=None):
 
 # The GPU path: the attention backend decided once, batches prepared ahead, one compiled shape, no syncs.
 def attention_backend(wanted, device, bf16, dropout, warn=True):
-    """The attention backend, decided at start-up (never changed mid-run): varlen where its needs are met,
-    else sdpa, quietly for `auto` on a CPU, else with one warning line."""
+    """The backend, decided at start-up (never mid-run): varlen where it can run, else sdpa (quiet for auto on CPU)."""
     cuda = torch.device(device).type == "cuda"
     needs = [need for need, ok in (("a CUDA device", cuda), ("bf16", bf16), ("attention_dropout 0", dropout == 0),
                                    ("sm80+", not cuda or torch.cuda.get_device_capability(device) >= (8, 0)),
@@ -1001,7 +1000,7 @@ def prepare(cfg, run, buf, sample):
     return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,
                            doc_ids=dev(doc_ids) if cfg.doc_mask and not varlen else None,
                            capacity=(cap if n <= cap else y.numel()) if cfg.compile else None,
-                           flops=model_flops(run.config, (cu[1:] - cu[:-1]).numpy(), causal, n))
+                           flops=model_flops(run.config, cu.diff().numpy(), causal, n))
 
 
 def micro_batches(cfg, run, step):
