@@ -19,8 +19,7 @@ Sections: 1 constants, 2 the phases, 3 the model (parameter names as HF's Modern
 4 objectives and data windows, 5 optimizer and schedule, 6 the training loop, 7 plumbing
 (files, HF format, FLOPs, DDP, CLI, resume, main).
 """
-import functools, importlib.util, itertools, json, math, os, re, signal, sys, time  # noqa: E401
-from concurrent.futures import ThreadPoolExecutor
+import concurrent.futures, functools, importlib.util, itertools, json, math, os, re, signal, sys, time  # noqa: E401
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from types import SimpleNamespace
@@ -71,9 +70,8 @@ freeze_layers = ""         # e.g. "0-7" or "8-14": layers that do not train in t
 device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
-attn_backend = "auto"      # auto: varlen where it can run (CUDA, bf16), else sdpa | sdpa (any device) | varlen
-                           # (FlashAttention's variable-length kernel: no pair across documents is computed)
-                           # | dense_window (local layers on a dense T x T mask: slow reference)
+attn_backend = "auto"      # auto (varlen where it can run: CUDA, bf16; else sdpa) | sdpa | varlen (FlashAttention's
+                           # variable-length kernel, documents apart) | dense_window (local layers on a T x T mask)
 eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 5
@@ -1008,7 +1006,7 @@ def micro_batches(cfg, run, step):
     firsts = (run.sample0 + s * cfg.global_batch_size + (m * run.world + run.rank) * cfg.batch_size
               for s in itertools.count(step) for m in range(run.accum))
     load = lambda first: prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)  # noqa: E731
-    with ThreadPoolExecutor(1) as worker:
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
         ahead = worker.submit(load, next(firsts))
         for first in firsts:
             current, ahead = ahead.result(), worker.submit(load, first)
