@@ -1014,8 +1014,7 @@ def micro_batches(cfg, run, step):
 
 
 def check_finite(cfg, run, step):
-    """The last step's loss, read from the device. A diverged run stops before it logs or checkpoints (the last
-    good checkpoint stays); a NaN stays in AdamW's moments, so every later loss is NaN too."""
+    """The last step's loss, read from the device; a diverged run stops here, before it logs or checkpoints."""
     if not math.isfinite(loss := run.loss.item()):
         fail(f"loss is {loss} at step {step}; the last good checkpoint is kept in {cfg.out_dir}. "
              "Try a lower --learning_rate or --grad_clip 1.0")
@@ -1055,8 +1054,8 @@ def setup_distributed(cfg):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=rank == 0 and not agent_store)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    # NCCL reduces CUDA tensors only; the loss, evaluation and stop-flag all_reduces are on CPU
-    # tensors, so a CUDA run also gets gloo for those.
+    # NCCL reduces CUDA tensors only; the evaluation and stop-flag all_reduces are on CPU tensors
+    # (the loss stays on the device), so a CUDA run also gets gloo for those.
     dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
                             store=dist.PrefixStore(f"detour/attempt{attempt}", store))
     return rank, world, torch.device(dev)

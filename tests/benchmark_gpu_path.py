@@ -14,8 +14,8 @@ A script, not a test. Parts (each prints its own table):
            pairs, and (an upper bound of a tiled kernel) whole 128 x 128 tiles that hold an allowed pair.
   compile  torch.compile recompiles per phase: 20 MLM steps and 20 CLM steps of the tiny preset under
            --compile true, before and after; the graphs dynamo has compiled after each step.
-  memory   peak resident memory of one base forward + backward (MLM, real vocabulary) at 2 x 4096 on the
-           CPU's sdpa path, before and after, each in a fresh process (VmHWM growth over the model's RSS).
+  memory   peak resident memory of one base forward + backward (MLM, real vocabulary) at --memory_shape (2 x 4096)
+           on the CPU's sdpa path, before and after, each in a fresh process (VmHWM growth over the model's RSS).
 """
 import argparse
 import importlib.util
@@ -160,9 +160,10 @@ c = detour.Config(**detour.PRESETS["base"], pad_token_id=0, unk_token_id=1, cls_
 torch.manual_seed(0)
 m = detour.ModernBERT(c).train()
 g = torch.Generator().manual_seed(0)
-buf = torch.randint(5, 50000, (2, 4097), generator=g)
-pos = torch.cumsum(torch.randint(150, 450, (40,), generator=g), 0)
-buf[:, pos[pos < 4097]] = c.sep_token_id   # documents of 150-450 tokens, as the bio abstracts
+B, T = int(sys.argv[2]), int(sys.argv[3])
+buf = torch.randint(5, 50000, (B, T + 1), generator=g)
+pos = torch.cumsum(torch.randint(150, 450, (T // 100,), generator=g), 0)
+buf[:, pos[pos < T + 1]] = c.sep_token_id   # documents of 150-450 tokens, as the bio abstracts
 x, y = detour.mlm_batch(buf, 0.3, torch.Generator().manual_seed(1), c, 50280)
 doc = detour.document_ids(x, c.sep_token_id)
 open("/proc/self/clear_refs", "w").write("5")
@@ -173,11 +174,12 @@ print(hwm() - base, loss.item())
 """
 
 
-def part_memory(before_path):
-    print("\nPeak memory, base preset, one forward + backward, MLM, 2 x 4096 tokens, CPU sdpa (fp32, 1 thread):")
+def part_memory(before_path, shape):
+    B, T = shape.split("x")
+    print(f"\nPeak memory, base preset, one forward + backward, MLM, {B} x {T} tokens, CPU sdpa (fp32, 1 thread):")
     for name, path in (("before", before_path), ("after", os.path.join(ROOT, "detour.py"))):
         t0 = time.time()
-        p = subprocess.run([sys.executable, "-c", MEMORY_RUN, path], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-c", MEMORY_RUN, path, B, T], capture_output=True, text=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1"))
         if p.returncode:
             print(f"{name}: failed: {p.stderr[-800:]}")
@@ -192,6 +194,7 @@ def main():
     p.add_argument("--before", required=True, help="the detour.py to compare against (e.g. git show 4fd3d0f:detour.py)")
     p.add_argument("--data", default=os.path.join(ROOT, "data", "default"), help="a prepared data dir (document lengths)")
     p.add_argument("--parts", default="batch,work,compile,memory")
+    p.add_argument("--memory_shape", default="2x4096", help="B x T of the memory part (2 x 4096: about 15 GB or more)")
     args = p.parse_args()
     parts = args.parts.split(",")
     sys.path.insert(0, ROOT)
@@ -205,7 +208,7 @@ def main():
     if "compile" in parts:
         part_compile(args.before)
     if "memory" in parts:
-        part_memory(args.before)
+        part_memory(args.before, args.memory_shape)
 
 
 if __name__ == "__main__":
