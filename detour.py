@@ -616,8 +616,7 @@ def evaluate(model, cfg, run):
         b = prepare(cfg, run, buf, 10**9 + first)
         with run.amp:
             loss, acc = model.score(b.x, b.y_dev, causal=b.causal, doc_ids=b.doc_ids, spans=b.spans)
-        unigram = -run.unigram_logp[b.y[b.y != IGNORE]].mean().item()
-        total += torch.tensor([loss.item() * k, acc.item() * k, unigram * k, k])
+        total += torch.tensor([loss.item() * k, acc.item() * k, -run.unigram_logp[b.y[b.y != IGNORE]].mean().item() * k, k])
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
@@ -644,8 +643,7 @@ def setup(cfg):
         raw_model.model.layers[i].requires_grad_(False)
     raw_model.to(device)
     use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
-    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16, config.attention_dropout,
-                                                     warn=rank == 0)
+    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16, config.attention_dropout, rank == 0)
     optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
