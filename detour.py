@@ -19,7 +19,7 @@ Sections: 1 constants, 2 the phases, 3 the model (parameter names as HF's Modern
 4 objectives and data windows, 5 optimizer and schedule, 6 the training loop, 7 plumbing
 (files, HF format, FLOPs, DDP, CLI, resume, main).
 """
-import functools, json, math, os, re, signal, sys, time, warnings  # noqa: E401
+import concurrent.futures, functools, importlib.util, itertools, json, math, os, re, signal, sys, time  # noqa: E401
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from types import SimpleNamespace
@@ -70,8 +70,8 @@ freeze_layers = ""         # e.g. "0-7" or "8-14": layers that do not train in t
 device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
-attn_backend = "sdpa"      # sdpa (any device) | flex (CUDA: FlexAttention with block-sparse masks)
-                           # | dense_window (local layers on a dense T x T mask: slow reference)
+attn_backend = "auto"      # auto (varlen where it can run: CUDA, bf16; else sdpa) | sdpa | varlen (FlashAttention's
+                           # variable-length kernel, documents apart) | dense_window (local layers on a T x T mask)
 eval_interval = 25         # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 5
@@ -170,8 +170,8 @@ def apply_rope(x, cos, sin):
 def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
     """True where the query at position qi of row b may attend to the key at kj (integer tensors that
     broadcast; keys outside [0, T) are never seen). The one predicate of every attention path: the
-    dense mask, the sliding-window block mask and flex_attention's mask_mod. The CLM detour is
-    `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
+    dense mask, the sliding-window block mask (the varlen kernel's spans and windows restate it). The CLM
+    detour is `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
     is itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
     ok = (kj >= 0) & (kj < T)
     if causal:
@@ -222,38 +222,34 @@ def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
     return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]
 
 
-def flex_block_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
-    """flex_attention's BlockMask from the same predicate: tiles of 128 x 128 with no allowed
-    pair are skipped, so local layers, the causal half and other documents cost nothing."""
-    from torch.nn.attention.flex_attention import create_block_mask
-    per_row = attention_mask is not None or doc_ids is not None
-    return create_block_mask(lambda b, h, qi, kj: may_attend(b, qi, kj, T, causal, window, attention_mask, doc_ids),
-                             B if per_row else None, None, T, T, device=device)
+def document_spans(key):
+    """The varlen kernel's sequences in (B, T) rows -> (int32 cu_seqlens into the B x T tokens, longest): a span
+    starts at each row start (a row end cuts a document) and where `key` (the document id) changes."""
+    start = torch.cat([torch.ones_like(key[:, :1], dtype=torch.bool), key[:, 1:] != key[:, :-1]], 1)
+    cu = torch.cat([start.view(-1).nonzero().view(-1), torch.tensor([key.numel()])]).int()
+    return cu, int(cu.diff().max())
 
 
-@functools.cache  # flex_attention is fast only compiled: compile it once per process
-def compiled_flex_attention():
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # optional: torch >= 2.5
-    except ImportError:
-        return None
-    return torch.compile(flex_attention)
+def varlen_attention(q, k, v, spans, window, causal):
+    """Attention within each span by FlashAttention's variable-length kernel on (B, H, T, D): no pair across documents
+    nor (causal) above the diagonal is computed; window_size (left, right) is may_attend's |qi - kj| <= window."""
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: attention_backend checks
+    B, H, T, D = q.shape
+    (cu, longest), left = spans, -1 if window is None else window
+    flat = [x.transpose(1, 2).reshape(B * T, H, D) for x in (q, k, v)]
+    y = varlen_attn(*flat, cu, cu, longest, longest, window_size=(left, 0 if causal else left))
+    return y.view(B, T, H, D).transpose(1, 2)
 
 
-def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0):
-    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward
-    and shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), flex
-    (CUDA: FlexAttention, block-sparse masks), dense_window (local layers under the dense T x T window
-    mask: the O(T^2) reference of the benchmark's ablation)."""
+def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0,
+                  spans=None):
+    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward and
+    shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen (CUDA, on
+    `spans`), dense_window (local layers under the dense T x T window mask: the benchmark's O(T^2) reference)."""
     half, masks = config.local_attention // 2, (attention_mask, doc_ids)
-    if backend == "flex" and (device.type != "cuda" or dropout > 0 or compiled_flex_attention() is None):
-        warnings.warn("attn_backend=flex needs torch >= 2.5, a CUDA device (no flex backward on CPU) "
-                      "and attention_dropout 0; using sdpa")
-        backend = "sdpa"
-    if backend == "flex":
-        flex, windows = compiled_flex_attention(), {"full_attention": None, "sliding_attention": half}
-        block_masks = {kind: flex_block_mask(B, T, device, causal, w, *masks) for kind, w in windows.items()}
-        return {kind: (lambda q, k, v, m=m: flex(q, k, v, block_mask=m)) for kind, m in block_masks.items()}
+    if backend == "varlen":
+        return {kind: functools.partial(varlen_attention, spans=spans, window=w, causal=causal)
+                for kind, w in (("full_attention", None), ("sliding_attention", half))}
     full_mask = None  # without padding or documents: SDPA's own causal flag, no T x T tensor
     if attention_mask is not None or doc_ids is not None:
         full_mask = dense_mask(B, T, device, causal, None, *masks)
@@ -334,13 +330,13 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
         self.attn_backend = attn_backend  # see attention_fns; may be changed at any time
 
-    def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False):
+    def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False, spans=None):
         """idx (B, T) -> final hidden states (B, T, d); with output_hidden_states also the list
         [embedding output, layer 1 output, ..., layer L output] (before the final norm)."""
         config, (B, T) = self.config, idx.shape
         head_dim = config.hidden_size // config.num_attention_heads
         attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
-                               config.attention_dropout if self.training else 0.0)
+                               config.attention_dropout if self.training else 0.0, spans)
         ropes = {"full_attention": rope_cos_sin(config.global_rope_theta, head_dim, T, idx.device),
                  "sliding_attention": rope_cos_sin(config.local_rope_theta, head_dim, T, idx.device)}
         x = self.embeddings(idx)
@@ -367,33 +363,35 @@ class LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V
     of them: training needs the loss, not the logits. Rows go through in chunks; each chunk's gradient
     (softmax - one-hot) becomes the gradients of h, weight and bias right away, in the forward pass,
-    and backward only scales them."""
+    and backward only scales them. Rows with target IGNORE (padding slots) count nothing: mean over `n`."""
 
     @staticmethod
-    def forward(ctx, h, weight, bias, targets, chunk=1024):
+    def forward(ctx, h, weight, bias, targets, n, chunk=1024):
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros_like(weight, dtype=torch.float32)
         grad_b = torch.zeros_like(bias, dtype=torch.float32)
         loss = torch.zeros((), device=h.device)
         for s in range(0, h.size(0), chunk):
             hc, t = h[s:s + chunk], targets[s:s + chunk]
+            real, t = (t != IGNORE).float()[:, None], t.clamp_min(0)  # x * 1.0 is x: no change to real rows
             logits = F.linear(hc, weight, bias).float()  # softmax in fp32, also under autocast
             lse = logits.logsumexp(-1)
-            loss += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+            loss += ((lse - logits.gather(1, t[:, None]).squeeze(1)) * real[:, 0]).sum()
             g = logits.sub_(lse[:, None]).exp_()          # softmax, in place of the logits
             g[torch.arange(len(t), device=t.device), t] -= 1
+            g *= real
             grad_h[s:s + chunk] = g @ weight
             grad_w += g.t() @ hc
             grad_b += g.sum(0)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.n, ctx.w_dtype = h.size(0), weight.dtype  # fp32 sums, returned in the weight's dtype
+        ctx.n, ctx.w_dtype = n, weight.dtype  # fp32 sums, returned in the weight's dtype
         return loss / ctx.n
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         scale = grad_loss / ctx.n
-        return grad_h * scale, (grad_w * scale).to(ctx.w_dtype), (grad_b * scale).to(ctx.w_dtype), None, None
+        return grad_h * scale, (grad_w * scale).to(ctx.w_dtype), (grad_b * scale).to(ctx.w_dtype), None, None, None
 
 
 class ModernBERT(nn.Module):
@@ -431,23 +429,32 @@ class ModernBERT(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
 
-    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, return_logits=None):
-        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T;
-        IGNORE = no loss) the head runs only on the supervised positions (sparse prediction: 15-30% of
-        tokens for MLM) and logits are (N, V), or None when return_logits is False (the default in
-        training): LinearCrossEntropy then never builds them. CLM and MLM share this code: the caller
-        decides `causal` and the targets."""
-        h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids)
+    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, spans=None, capacity=None):
+        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T; IGNORE =
+        no loss): logits None, the loss by LinearCrossEntropy with the head only on the supervised positions
+        (sparse prediction: 15-30% of tokens for MLM), or with `capacity` (--compile) on that many slots, the
+        supervised positions first: one shape, one compiled graph. CLM and MLM share this code."""
+        h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids, spans=spans)
         if targets is None:
             return self.decoder(self.head(h)), None
+        keep, targets = targets.reshape(-1) != IGNORE, targets.reshape(-1)
+        slot = keep.nonzero() if capacity is None else torch.nonzero_static(keep, size=capacity, fill_value=-1)
+        slot, n = slot.view(-1), len(slot) if capacity is None else (slot >= 0).sum()
+        h, targets = h.reshape(-1, h.size(-1))[slot.clamp(0)], torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE)
+        return None, LinearCrossEntropy.apply(self.head(h), self.decoder.weight, self.decoder.bias, targets, n)
+
+    @torch.no_grad()
+    def score(self, idx, targets, causal=False, doc_ids=None, spans=None, chunk=1024):
+        """(mean loss, share of argmax hits) on the supervised positions, never N x V logits at once."""
+        h = self.model(idx, causal=causal, doc_ids=doc_ids, spans=spans)
         keep = targets.reshape(-1) != IGNORE
         h, targets = self.head(h.reshape(-1, h.size(-1))[keep]), targets.reshape(-1)[keep]
-        if return_logits is None:
-            return_logits = not self.training  # a training step needs only the loss
-        if not return_logits:
-            return None, LinearCrossEntropy.apply(h, self.decoder.weight, self.decoder.bias, targets)
-        logits = self.decoder(h)
-        return logits, F.cross_entropy(logits.float(), targets)
+        loss, hits = torch.zeros((), device=h.device), torch.zeros((), dtype=torch.long, device=h.device)
+        for s in range(0, len(targets), chunk):
+            logits, t = self.decoder(h[s:s + chunk]).float(), targets[s:s + chunk]
+            loss += F.cross_entropy(logits, t, reduction="sum")
+            hits += (logits.argmax(-1) == t).sum()
+        return loss / len(targets), hits / len(targets)
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
@@ -514,19 +521,20 @@ def clm_batch(buf, sep_id):
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
     """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept); loss
     only there. Unlike FlexBERT, special tokens are never chosen nor used as random replacements,
-    and every document in the window gets at least one prediction."""
+    and every document in the window gets at least one prediction. Elementwise ops only, no id table."""
     x = buf[:, :-1]
-    special = torch.isin(x, torch.tensor(config.special_ids))
-    score = torch.rand(x.shape, generator=gen)
-    score[special] = 2.0
+    special = functools.reduce(torch.logical_or, [x == i for i in config.special_ids])
+    score = torch.rand(x.shape, generator=gen).masked_fill_(special, 2.0)
     chosen = score < rate
     key = (torch.arange(x.size(0))[:, None] * x.size(1) + document_ids(x, config.sep_token_id)).reshape(-1)
     doc_min = torch.full((x.numel(),), 2.0).scatter_reduce(0, key, score.reshape(-1), "amin")
     chosen |= (score == doc_min[key].view_as(score)) & ~special
     y = torch.where(chosen, x, IGNORE)
     action = torch.rand(x.shape, generator=gen)
-    normal = torch.tensor(sorted(set(range(n_real_vocab)) - set(config.special_ids)))
-    random_tok = normal[torch.randint(len(normal), x.shape, generator=gen)]
+    skip = sorted(i for i in set(config.special_ids) if i < n_real_vocab)
+    random_tok = torch.randint(n_real_vocab - len(skip), x.shape, generator=gen)
+    for i in skip:  # the r-th non-special id: r moved past every special id at or below it
+        random_tok += random_tok >= i
     x = torch.where(chosen & (action < 0.8), config.mask_token_id, x)
     x = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_tok, x)
     return x, y
@@ -593,33 +601,22 @@ def lr_at(cfg, tokens, total, step_tokens=0):
 
 # ----------------------------------------------------------------------------------------
 # 6. Training: setup() gathers the run's state, train() is the loop.
-def batch_loss(model, cfg, run, buf, sample, return_logits=None):
-    """The phase's batch from the windows `buf` (masks seeded by `sample`) through the model ->
-    (targets, logits, loss)."""
-    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
-    doc_ids = document_ids(x, run.config.sep_token_id).to(run.device) if cfg.doc_mask else None
-    with run.amp:
-        logits, loss = model(x.to(run.device), y.to(run.device), causal=causal, doc_ids=doc_ids,
-                             return_logits=return_logits)
-    return y, logits, loss
-
-
 @torch.no_grad()
 def evaluate(model, cfg, run):
-    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded
-    by the window index), averaged over ranks -> dict(loss, acc, unigram): the loss, the share of
-    targets predicted exactly (argmax), and the loss of the train-set unigram on the same targets."""
+    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded by the
+    window index; a micro-batch per rank at least), averaged over ranks, by the raw model (eager) -> dict(loss,
+    acc, unigram): the loss, the share of exact argmax predictions, the train-set unigram's loss on them."""
     model.eval()
-    n, T = max(1, min(run.val.n, cfg.eval_tokens // cfg.seq_len)), cfg.seq_len
+    n, T = max(1, min(run.val.n, max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size))), cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
     for first in range(run.rank * cfg.batch_size, n, run.world * cfg.batch_size):
         k = min(cfg.batch_size, n - first)
         buf = torch.from_numpy(np.stack([run.val.data[i * T:(i + 1) * T + 1].astype(np.int64)
                                          for i in range(first, first + k)]))
-        y, logits, loss = batch_loss(model, cfg, run, buf, 10**9 + first, return_logits=True)
-        t = y[y != IGNORE]
-        acc = (logits.argmax(-1).cpu() == t).float().mean().item()
-        total += torch.tensor([loss.item() * k, acc * k, -run.unigram_logp[t].mean().item() * k, k])
+        b = prepare(cfg, run, buf, 10**9 + first)
+        with run.amp:
+            loss, acc = model.score(b.x, b.y_dev, causal=b.causal, doc_ids=b.doc_ids, spans=b.spans)
+        total += torch.tensor([loss.item() * k, acc.item() * k, -run.unigram_logp[b.y[b.y != IGNORE]].mean().item() * k, k])
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
@@ -630,7 +627,7 @@ def evaluate(model, cfg, run):
 def setup(cfg):
     """The run's state, one namespace: the model (raw_model; model, wrapped for compile/DDP),
     optimizer, data windows, where the run starts (step, tokens, sample0: see start_point), its
-    budget in tokens and steps, ranks, precision, FLOPs for MFU, the open log."""
+    budget in tokens and steps, ranks, precision, attention backend, the open log."""
     rank, world, device = setup_distributed(cfg)
     torch.manual_seed(cfg.seed)
     meta, train_data = load_data(cfg.data_dir, "train")
@@ -645,17 +642,16 @@ def setup(cfg):
     for i in frozen:  # the paper's freeze interventions: these layers keep their weights
         raw_model.model.layers[i].requires_grad_(False)
     raw_model.to(device)
-    raw_model.model.attn_backend = cfg.attn_backend
+    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16, config.attention_dropout, rank == 0)
     optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
         fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size x ranks = "
              f"{cfg.batch_size * world}; change --global_batch_size or --batch_size")
     tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    model = torch.compile(raw_model) if cfg.compile else raw_model
-    if world > 1:
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else raw_model
+    model = torch.compile(model) if cfg.compile else model  # DDP first, then compile (as PyTorch documents)
     tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
     tokenizer = tokenizer if os.path.exists(tokenizer) else None
     if tokenizer:  # read now, not when the export needs it at the end of the run
@@ -668,8 +664,7 @@ def setup(cfg):
         total_steps=max(1, math.ceil(start["budget"] / tokens_per_step)),
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
         unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
-        flops_per_token=model_flops_per_token(config, cfg.seq_len, PHASES[cfg.phase].causal, predicted_fraction(cfg)),
-        tokenizer=tokenizer, signal=None)
+        tokenizer=tokenizer, signal=None, loss=torch.zeros(1))
     for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
         signal.signal(sig, lambda s, _: setattr(run, "signal", s))
     run.log = open_outputs(cfg, run)
@@ -682,27 +677,27 @@ def train(cfg):
     model, optimizer, step, tokens = run.model, run.optimizer, run.step, run.tokens
     bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress), dynamic_ncols=True)
     model.train()
-    t0, tok0 = time.time(), tokens
+    t0, tok0, flops, batches = time.time(), tokens, 0.0, micro_batches(cfg, run, step)
     while step < run.total_steps:
         # the schedule's learning rate for this step
         lr = lr_at(cfg, tokens, run.budget, run.tokens_per_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # forward and backward of this rank's micro-batches; DDP syncs gradients on the last one
-        loss_sum = torch.zeros(1)
+        loss_sum = torch.zeros(1, device=run.device)
         for micro in range(run.accum):
-            first = run.sample0 + step * cfg.global_batch_size + (micro * run.world + run.rank) * cfg.batch_size
+            b = next(batches)
             with nullcontext() if run.world == 1 or micro == run.accum - 1 else model.no_sync():
-                loss = batch_loss(model, cfg, run, run.windows.rows(first, cfg.batch_size), first)[2]
+                with run.amp:
+                    loss = model(b.x, b.y_dev, b.causal, doc_ids=b.doc_ids, spans=b.spans, capacity=b.capacity)[1]
                 (loss / run.accum).backward()
-            loss_sum += loss.detach().float().cpu() / run.accum
-        # the loss averaged over ranks; a diverged run stops, its last good checkpoint kept
+            loss_sum += loss.detach().float() / run.accum
+            flops += b.flops
+        # the loss averaged over ranks, kept on the device (no host sync per step): check_finite reads it
         if run.world > 1:
             dist.all_reduce(loss_sum)
             loss_sum /= run.world
-        if not math.isfinite(loss_sum.item()):
-            fail(f"loss is {loss_sum.item()} at step {step}; the last good checkpoint "
-                 f"is kept in {cfg.out_dir}. Try a lower --learning_rate or --grad_clip 1.0")
+        run.loss = loss_sum
         # the optimizer step
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
@@ -711,17 +706,17 @@ def train(cfg):
         step, tokens = step + 1, tokens + run.tokens_per_step
         bar.update(1)
         last_step = step == run.total_steps
-        # every log_interval steps: training loss, lr, speed and MFU (against this device's bf16 peak)
+        # every log_interval steps: training loss, lr, speed and MFU (FLOPs on allowed pairs / bf16 peak)
         record = None
         if step % cfg.log_interval == 0 or last_step:
-            record = dict(step=step, tokens=tokens, loss=round(loss_sum.item(), 5), lr=lr,
+            record = dict(step=step, tokens=tokens, loss=round(check_finite(cfg, run, step), 5), lr=lr,
                           tok_per_s=round((tokens - tok0) / max(time.time() - t0, 1e-9)))
             if run.peak_flops:
-                record["mfu"] = round(record["tok_per_s"] * run.flops_per_token / (run.peak_flops * run.world), 4)
+                record["mfu"] = round(flops / max(time.time() - t0, 1e-9) / run.peak_flops, 4)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
         # every eval_interval steps: the validation loss, next to the unigram's on the same targets
         if step % cfg.eval_interval == 0 or last_step:
-            ev = evaluate(model, cfg, run)
+            ev = evaluate(run.raw_model, cfg, run)
             record = {**(record or dict(step=step, tokens=tokens, lr=lr)),
                       **{f"val_{k}": round(v, 5) for k, v in ev.items()}}
             if run.master:
@@ -956,20 +951,72 @@ def hf_tokenizer_files(config, tokenizer_path):
 
 
 # Model FLOPs, for MFU
-def model_flops_per_token(config, seq_len, causal=False, head_fraction=1.0):
-    """Model FLOPs per token of a training step (forward + backward = 3 x forward, a multiply-add is
-    2 FLOPs) from the shapes. Per layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id, and attention 2d per
-    key (scores, then values): T keys in a global layer, min(T, local_attention + 1) in a local one,
-    half when causal. The head (dense d^2, decoder dV) runs on `head_fraction` of the tokens (MLM's
-    sparse prediction). Norms, activations and softmax are left out."""
-    d, inter, T = config.hidden_size, config.intermediate_size, seq_len
-    keys = {"full_attention": T, "sliding_attention": min(T, config.local_attention + 1)}
-    forward = 0.0
-    for kind in config.layer_types:
-        forward += 2 * (3 * d * d + d * d + 2 * d * inter + inter * d)
-        forward += 2 * 2 * d * keys[kind] * (0.5 if causal else 1.0)
-    forward += head_fraction * 2 * (d * d + d * config.vocab_size)
+def attention_pairs(lengths, window=None, causal=False):
+    """The query-key pairs may_attend allows in documents of these lengths: query i sees itself, the
+    min(i, window) keys before it (all i without a window) and, unless causal, as many after it."""
+    before = sum(float(np.minimum(np.arange(n), n if window is None else window).sum()) for n in lengths)
+    return float(np.sum(lengths)) + before * (1 if causal else 2)
+
+
+def model_flops(config, lengths, causal=False, predicted=None):
+    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on documents of
+    these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d per pair the masks
+    allow (attention_pairs); the head (d^2 + dV) on `predicted` tokens (default all). Norms, softmax left out."""
+    d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
+    windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
+    forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
+                  for kind in config.layer_types)
+    forward += (tokens if predicted is None else predicted) * 2 * (d * d + d * config.vocab_size)
     return 3 * forward
+
+
+# The GPU path: the attention backend decided once, batches prepared ahead, one compiled shape, no syncs.
+def attention_backend(wanted, device, bf16, dropout, warn=True):
+    """The backend, decided at start-up (never mid-run): varlen where it can run, else sdpa (quiet for auto on CPU)."""
+    cuda = torch.device(device).type == "cuda"
+    needs = [need for need, ok in (("a CUDA device", cuda), ("bf16", bf16), ("attention_dropout 0", dropout == 0),
+                                   ("sm80+", not cuda or torch.cuda.get_device_capability(device) >= (8, 0)),
+                                   ("torch >= 2.10", importlib.util.find_spec("torch.nn.attention.varlen"))) if not ok]
+    if (fallback := wanted in ("auto", "varlen") and needs) and warn and (cuda or wanted == "varlen"):
+        print(f"warning: attn_backend={wanted} needs {', '.join(needs)}; using sdpa", file=sys.stderr)
+    return "sdpa" if fallback else "varlen" if wanted == "auto" else wanted
+
+
+def prepare(cfg, run, buf, sample):
+    """The batch of windows `buf` (masks seeded by `sample`) for the model, built on the CPU (nothing waits for the
+    device) and copied from pinned memory without blocking: inputs, targets, document ids (sdpa) or spans (varlen),
+    its FLOPs on allowed pairs (MFU), under --compile the head's capacity: one per phase, all positions for CLM, the
+    MLM rate's count + 8 standard deviations + 8 (a batch above it, never seen, takes all: one compile more)."""
+    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
+    doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
+    (cu, longest), n, rate = document_spans(doc_ids), int((y != IGNORE).sum()), predicted_fraction(cfg)
+    cap = min(y.numel(), math.ceil(rate * y.numel() + 8 * math.sqrt(y.numel() * rate * (1 - rate))) + 8)
+    varlen, pin = run.raw_model.model.attn_backend == "varlen", run.device.type == "cuda"
+    dev = lambda t: (t.pin_memory() if pin else t).to(run.device, non_blocking=True)  # noqa: E731
+    return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,
+                           doc_ids=dev(doc_ids) if cfg.doc_mask and not varlen else None,
+                           capacity=(cap if n <= cap else y.numel()) if cfg.compile else None,
+                           flops=model_flops(run.config, cu.diff().numpy(), causal, n))
+
+
+def micro_batches(cfg, run, step):
+    """This rank's micro-batches from `step` on, each prepared on a worker thread while the one before trains."""
+    firsts = (run.sample0 + s * cfg.global_batch_size + (m * run.world + run.rank) * cfg.batch_size
+              for s in itertools.count(step) for m in range(run.accum))
+    load = lambda first: prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+        ahead = worker.submit(load, next(firsts))
+        for first in firsts:
+            current, ahead = ahead.result(), worker.submit(load, first)
+            yield current
+
+
+def check_finite(cfg, run, step):
+    """The last step's loss, read from the device; a diverged run stops here, before it logs or checkpoints."""
+    if not math.isfinite(loss := run.loss.item()):
+        fail(f"loss is {loss} at step {step}; the last good checkpoint is kept in {cfg.out_dir}. "
+             "Try a lower --learning_rate or --grad_clip 1.0")
+    return loss
 
 
 # Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
@@ -1005,8 +1052,8 @@ def setup_distributed(cfg):
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=rank == 0 and not agent_store)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    # NCCL reduces CUDA tensors only; the loss, evaluation and stop-flag all_reduces are on CPU
-    # tensors, so a CUDA run also gets gloo for those.
+    # NCCL reduces CUDA tensors only; the evaluation and stop-flag all_reduces are on CPU tensors
+    # (the loss stays on the device), so a CUDA run also gets gloo for those.
     dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
                             store=dist.PrefixStore(f"detour/attempt{attempt}", store))
     return rank, world, torch.device(dev)
@@ -1037,8 +1084,8 @@ RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=NOT_EMPTY
              max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"), decay_tokens=NON_NEGATIVE,
              data_seed=NON_NEGATIVE, seed=NON_NEGATIVE, learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE,
              min_lr_ratio=FRACTION, beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
-             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, attn_backend=one_of("sdpa", "flex", "dense_window"),
-             eval_interval=POSITIVE, eval_tokens=POSITIVE, log_interval=POSITIVE, ckpt_interval=POSITIVE)
+             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, eval_interval=POSITIVE, eval_tokens=POSITIVE,
+             attn_backend=one_of("auto", "sdpa", "varlen", "dense_window"), log_interval=POSITIVE, ckpt_interval=POSITIVE)
 BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -1111,7 +1158,7 @@ def load_checkpoint(directory):
     if not os.path.exists(path):
         fail(f"no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # tensors read when used
     except Exception as e:
         fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
 
@@ -1131,7 +1178,7 @@ def build_model(cfg, meta):
     (decay) needs a Phase-1 checkpoint; the data must fit the model."""
     resume, ckpt_path, ckpt = cfg.init_from == "resume", os.path.join(cfg.out_dir, "ckpt.pt"), None
     if not resume and os.path.exists(ckpt_path) and not cfg.overwrite:
-        fail(f"{ckpt_path} exists (phase {torch.load(ckpt_path, weights_only=False, map_location='cpu').get('phase')}); "
+        fail(f"{ckpt_path} exists (phase {load_checkpoint(cfg.out_dir).get('phase')}); "
              "use --init_from resume to continue it, another --out_dir, or --overwrite true")
     if cfg.init_from == "scratch":
         vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
@@ -1178,7 +1225,8 @@ def start_point(cfg, ckpt, optimizer):
 
 
 def save_run(cfg, run, step, tokens):
-    """Rank 0 checkpoints the run at `step`: what start_point needs to resume it."""
+    """Rank 0 checkpoints the run at `step`: what start_point needs to resume it (never a diverged one)."""
+    check_finite(cfg, run, step)
     if run.master:
         os.makedirs(cfg.out_dir, exist_ok=True)
         ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),

@@ -3,7 +3,7 @@
     python tests/benchmark.py                    # CPU: small preset, T = 512..4096, 1 thread, ~4 minutes
     python tests/benchmark.py --compare logits,dense_head   # what one optimization buys (see VARIANTS)
     python tests/benchmark.py --device cuda --preset base --lengths 1024,2048,4096,8192 --tokens 16384 \
-        [--compile --warmup 3] [--attn_backend flex]
+        [--compile --warmup 3] [--attn_backend varlen]
 
 A script, not a test (pytest collects only test_*.py). One process; the same weights (ours
 exported with save_hf, loaded by transformers), the same batch and the same threads for both;
@@ -130,7 +130,13 @@ def forward_loss(variant, model, x, y, causal, doc_ids):
     if variant == "dense_head":
         logits = model.decoder(model.head(model.model(x, causal=causal, doc_ids=doc_ids)))
         return logits, F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), ignore_index=detour.IGNORE)
-    return model(x, y, causal=causal, doc_ids=doc_ids, return_logits=variant == "logits")
+    if variant == "logits":
+        keep = y.reshape(-1) != detour.IGNORE
+        h = model.model(x, causal=causal, doc_ids=doc_ids).reshape(-1, model.config.hidden_size)[keep]
+        logits = model.decoder(model.head(h))
+        return logits, F.cross_entropy(logits.float(), y.reshape(-1)[keep])
+    spans = detour.document_spans(doc_ids.cpu()) if model.model.attn_backend == "varlen" else None
+    return model(x, y, causal=causal, doc_ids=doc_ids, spans=spans and (spans[0].to(x.device), spans[1]))
 
 
 def main():
@@ -146,7 +152,7 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help="torch.compile both models")
     p.add_argument("--phases", default="mlm,clm")
-    p.add_argument("--attn_backend", default="sdpa", help="ours: sdpa | flex (CUDA)")
+    p.add_argument("--attn_backend", default="sdpa", help="ours: sdpa | varlen (CUDA)")
     p.add_argument("--compare", default="ours,hf", help="A,B: two of " + ", ".join(VARIANTS))
     args = p.parse_args()
     pair = args.compare.split(",")
@@ -240,15 +246,15 @@ def main():
             t = {k: statistics.median(v) for k, v in times.items()}
             a_time[phase, T] = t[A]
             tok = B * T
-            flops = detour.model_flops_per_token(config, T, causal=phase == "clm",
-                                                 head_fraction=(y != detour.IGNORE).float().mean().item())
-            tflops = "" if A == "hf" else f"{flops * tok / t[A] / 1e12:.3f}"
+            cu, _ = detour.document_spans(doc_ids.cpu())
+            flops = detour.model_flops(config, cu.diff().tolist(), phase == "clm", int((y != detour.IGNORE).sum()))
+            tflops = "" if A == "hf" else f"{flops / t[A] / 1e12:.3f}"
             ratio = f"{a_time[phase, T] / a_time['mlm', T]:.2f}" if phase == "clm" and ("mlm", T) in a_time else ""
             row = [phase, T, B, f"{tok / t[A]:,.0f}", f"{tok / t[B_]:,.0f}", f"{t[B_] / t[A]:.2f}",
                    f"{mems[A] / 2**20:,.0f}", f"{mems[B_] / 2**20:,.0f}", tflops, ratio]
             print("".join(f"{v:<{w}}" if i == 0 else f"{v:>{w}}" for i, (v, w) in enumerate(zip(row, widths))),
                   flush=True)
-    print("A TF/s: detour.model_flops_per_token (head on the supervised positions) x tokens / step time")
+    print("A TF/s: detour.model_flops (attention pairs the masks allow, head on the supervised positions) / step time")
     peak = detour.device_peak_flops(device)
     if peak:
         print(f"MFU = A TF/s / {peak / 1e12:.0f} TF/s (bf16 peak of this device)")

@@ -12,19 +12,24 @@ Without CUDA (and without --device cpu) it prints one line and exits 0. On a GPU
               fp32 with TF32 off to 1e-4, bf16 autocast to a relative bound; then the causal
               flag's causality check (future tokens never move earlier outputs under causal=True,
               and do move them under causal=False), fp32 and bf16, with and without documents.
-  2 backends  attn_backend sdpa vs flex on packed documents with padding, causal and
-              bidirectional: logits and every parameter's gradient, within the bf16 bound; then
-              detour.main end to end on this device (bf16, --compile true, --attn_backend flex)
-              against the same run eager with sdpa.
+  2 backends  attn_backend varlen (FlashAttention's variable-length kernel on document spans)
+              against sdpa (dense document mask) on packed documents cut at row ends, with
+              padding, causal and bidirectional: logits and every parameter's gradient, within the
+              bf16 bound; an error or a fallback fails loudly. Then detour.main end to end on this
+              device (bf16, --compile true, --attn_backend varlen, no warning allowed) against the
+              same run eager with sdpa, and the compiled run's recompiles.
   3 speed     training steps (fwd + bwd + fused AdamW) of the base preset in bf16 at 1024, 4096,
-              8192 tokens, CLM and MLM, eager and compiled: tokens/s, MFU (device_peak_flops),
-              peak memory (reset per row), against HF's ModernBertForMaskedLM (sdpa) on the same
-              batch; and which SDPA kernel the global and local layers ran with the document mask.
+              8192 tokens, CLM and MLM, varlen and sdpa, eager and compiled: tokens/s, MFU on the
+              allowed pairs (detour.model_flops with the batch's document lengths over
+              device_peak_flops), peak memory (reset per row), CLM/MLM step time, against HF's
+              ModernBertForMaskedLM (sdpa) on the same batch; which SDPA kernel the global and
+              local layers ran with the document mask.
   4 ddp       with 2+ GPUs: torchrun on 2 GPUs gives the loss curve of 1 GPU with the same global
               batch (NCCL), fp32 and bf16. One GPU: a printed skip.
 It prints one summary table and writes it as JSON (--out). Exit status 1 if a check fails. A
-speed row fails only if it errors or its loss is not finite; the targets (MLM, base, T = 8192:
->= 350K tokens/s and MFU >= 40% on one H100/H200) are reported, and fail the run with --strict.
+speed row fails only if it errors or its loss is not finite; the targets (base, T = 8192, the
+default backend compiled: MLM >= 350K tokens/s and MFU >= 40% on one H100/H200, CLM step time /
+MLM step time <= 1.1) are reported, and fail the run with --strict.
 """
 import argparse
 import json
@@ -34,6 +39,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import contextlib
+import io
 import time
 import traceback
 import warnings
@@ -104,6 +111,12 @@ def tf32_off():
         yield
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+def dynamo_graphs():
+    """How many graphs torch._dynamo has compiled in this process (a recompile adds one)."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
 
 
 def bf16(device):
@@ -255,22 +268,25 @@ def check_causality(report, device, model, c, T):
 
 
 # ----------------------------------------------------------------------------------------
-# 2. Backends: sdpa vs flex, and detour.main end to end on this device
+# 2. Backends: varlen vs sdpa, and detour.main end to end on this device
 # ----------------------------------------------------------------------------------------
 def forward_backward(model, backend, idx, am, doc, causal, weight, device):
-    """Logits and every parameter's gradient of sum(logits * weight) with one backend, in bf16."""
+    """Logits and every parameter's gradient of sum(logits * weight) with one backend, in bf16. varlen
+    gets the spans of the documents and of the padding (document_spans on doc_ids x 2 + padding)."""
     model.model.attn_backend = backend
     model.zero_grad(set_to_none=True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with bf16(device):
-            logits = model(idx, attention_mask=am, causal=causal, doc_ids=doc)[0]
-        (logits.float() * weight).sum().backward()
-    fell_back = any("using sdpa" in str(w.message) for w in caught)
-    return logits.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}, fell_back
+    cu, longest = detour.document_spans((doc * 2 + (am == 0)).cpu())
+    with bf16(device):
+        logits = model(idx, attention_mask=am, causal=causal, doc_ids=doc, spans=(cu.to(device), longest))[0]
+    (logits.float() * weight).sum().backward()
+    return logits.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}
 
 
 def check_backends(report, device, smoke=False):
+    if device.type != "cuda":
+        report.add("backends", "varlen vs sdpa", "skip", detail="the varlen kernel needs CUDA; "
+                   "tests/test_gpu_path.py checks its plumbing on the CPU against a per-document reference")
+        return
     c = check_config(device, smoke)
     model = random_model(c).to(device).eval()  # eval: no dropout (none configured anyway)
     B, T = 2, (96 if smoke else 1024)
@@ -282,18 +298,18 @@ def check_backends(report, device, smoke=False):
     keep = am.bool()
     weight = torch.randn(B, T, c.vocab_size, generator=torch.Generator().manual_seed(5)).to(device) * keep[..., None]
     for causal in (False, True):
-        ref, ref_grads, _ = forward_backward(model, "sdpa", idx, am, doc, causal, weight, device)
-        got, grads, fell_back = forward_backward(model, "flex", idx, am, doc, causal, weight, device)
+        case = f"varlen vs sdpa, {'causal' if causal else 'bidirectional'}, documents + padding, T={T}"
+        try:
+            ref, ref_grads = forward_backward(model, "sdpa", idx, am, doc, causal, weight, device)
+            got, grads = forward_backward(model, "varlen", idx, am, doc, causal, weight, device)
+        except Exception as e:  # the kernel must run here: an error is a failure, loudly
+            traceback.print_exc()
+            report.add("backends", case, "FAIL", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            continue
         e = rel_err(got, ref, keep)
         eg = max(((grads[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in ref_grads.items())
-        case = f"flex vs sdpa, {'causal' if causal else 'bidirectional'}, documents + padding, T={T}"
-        if fell_back and device.type == "cuda":
-            report.add("backends", case, "FAIL", detail="flex fell back to sdpa on CUDA")
-            continue
-        status = "ok" if max(e, eg) <= BF16_REL else "FAIL"
-        report.add("backends", case + ": logits max rel diff", status, e, BF16_REL,
-                   f"(grads: max over params of |g_flex - g_sdpa| / |g_sdpa| = {eg:.3g})"
-                   + (" [flex fell back to sdpa: no CUDA]" if fell_back else ""))
+        report.add("backends", case + ": logits max rel diff", "ok" if max(e, eg) <= BF16_REL else "FAIL", e,
+                   BF16_REL, f"(grads: max over params of |g_varlen - g_sdpa| / |g_sdpa| = {eg:.3g})")
     model.model.attn_backend = "sdpa"
     del model
     free(device)
@@ -305,36 +321,42 @@ def logged_losses(out_dir):
 
 
 def check_training_run(report, device, workdir, compile_=True):
-    """detour.main on this device, one process: bf16, --compile, --attn_backend flex (the GPU
-    training path: autocast, fused AdamW, compile, FlexAttention, eval, checkpoint, HF export)
-    against the same run eager with sdpa; then the export loads back."""
+    """detour.main on this device, one process: bf16, --compile, --attn_backend varlen (the GPU
+    training path: autocast, fused AdamW, compile, the varlen kernel, prefetch, eval, checkpoint,
+    HF export) against the same run eager with sdpa; then the export loads back. On CUDA the
+    varlen run must not fall back (no warning line) and must not recompile after its first step."""
     data = write_tiny_data(os.path.join(workdir, "data"))
     base = ["--data_dir", data, "--phase", "clm", "--preset", "tiny", "--seq_len", "256", "--batch_size", "4",
             "--global_batch_size", "8", "--max_tokens", str(6 * 8 * 256), "--learning_rate", "1e-3",
             "--warmup_tokens", "2048", "--progress", "false", "--log_interval", "1", "--eval_interval", "1000",
             "--eval_tokens", "2048", "--device", str(device), "--dtype", "bfloat16"]
-    fast = ["--compile", str(compile_).lower(), "--attn_backend", "flex"]
+    fast = ["--compile", str(compile_).lower(), "--attn_backend", "varlen"]
     runs = {}
     for name, extra in (("eager sdpa", ["--compile", "false", "--attn_backend", "sdpa"]), ("fast", fast)):
         out = os.path.join(workdir, name.replace(" ", "_"))
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            t0 = time.time()
-            try:
+        err, graphs = io.StringIO(), []
+        step_hook = detour.check_finite  # called once per logged step: the compiled graphs so far
+        detour.check_finite = lambda cfg, run, step: graphs.append(dynamo_graphs()) or step_hook(cfg, run, step)
+        t0 = time.time()
+        try:
+            with contextlib.redirect_stderr(err):
                 detour.main(base + extra + ["--out_dir", out])
-            finally:  # detour.main takes SIGINT/SIGTERM for its checkpoints: give Ctrl-C back
-                for sig, h in handlers.items():
-                    signal.signal(sig, h)
-        runs[name] = (logged_losses(out), time.time() - t0, any("using sdpa" in str(w.message) for w in caught))
-    (ref, t_ref, _), (got, t_got, fell_back) = runs["eager sdpa"], runs["fast"]
+        finally:  # detour.main takes SIGINT/SIGTERM for its checkpoints: give Ctrl-C back
+            detour.check_finite = step_hook
+            for sig, h in handlers.items():
+                signal.signal(sig, h)
+        sys.stderr.write(err.getvalue())
+        runs[name] = (logged_losses(out), time.time() - t0, "using sdpa" in err.getvalue(), graphs)
+    (ref, t_ref, _, _), (got, t_got, fell_back, graphs) = runs["eager sdpa"], runs["fast"]
     e = max(abs(a - b) for a, b in zip(got, ref)) / max(abs(b) for b in ref)
-    case = f"detour.main clm bf16 {'compile+' if compile_ else ''}flex vs eager sdpa, {len(ref)} steps: loss max rel diff"
+    case = f"detour.main clm bf16 {'compile+' if compile_ else ''}varlen vs eager sdpa, {len(ref)} steps: loss max rel diff"
     bad = len(got) != len(ref) or not all(map(math.isfinite, got)) or e > BF16_REL
-    if fell_back and device.type == "cuda":
-        bad, note = True, " flex fell back to sdpa on CUDA"
+    recompiled = graphs and graphs[-1] != graphs[0]
+    if device.type == "cuda" and (fell_back or recompiled):
+        bad, note = True, " varlen fell back to sdpa on CUDA" if fell_back else f" recompiled: graphs {graphs}"
     else:
-        note = " [flex fell back to sdpa: no CUDA]" if fell_back else ""
+        note = " [varlen fell back to sdpa: no CUDA]" if fell_back else ""
     back = detour.load_hf(os.path.join(workdir, "fast", "hf"))
     fp32 = all(p.dtype == torch.float32 for p in back.state_dict().values() if p.is_floating_point())
     report.add("backends", case, "FAIL" if bad or not fp32 else "ok", e, BF16_REL,
@@ -401,7 +423,8 @@ def time_steps(step, device, warmup, steps):
 
 
 def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), tokens=16384, phases=("mlm", "clm"),
-                modes=("eager", "compiled"), steps=5, warmup=2, deadline=float("inf"), hf_rows=True):
+                modes=("eager", "compiled"), steps=5, warmup=2, deadline=float("inf"), hf_rows=True,
+                backends=("varlen", "sdpa")):
     import transformers
     config = detour.Config(vocab_size=50368, max_position_embeddings=max(8192, max(lengths)), **SPECIAL,
                            **detour.PRESETS[preset])  # the real ModernBERT vocabulary: the head weighs its weight
@@ -432,8 +455,8 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
     runners = {"eager": ours}
     if "compiled" in modes:
         limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-        setattr(torch._dynamo.config, limit, 64)  # a graph per (T, phase) row, and the head's per row
-        runners["compiled"] = torch.compile(ours, dynamic=False)  # static shapes, as training at one T
+        setattr(torch._dynamo.config, limit, 64)  # a graph per (T, phase, backend) row
+        runners["compiled"] = torch.compile(ours)  # as detour.setup compiles: dynamic=None
     # Longest first: the target length is measured before the budget runs out; per length and
     # phase, HF, then ours eager, then ours compiled, on the same batch.
     for T in sorted(lengths, reverse=True):
@@ -441,10 +464,12 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
             B = max(1, tokens // T)
             x, y = training_batch(config, packed_rows(config, B, T, seed=T), phase, seed=T)
             doc = detour.document_ids(x, config.sep_token_id)
-            x, y, doc = x.to(device), y.to(device), doc.to(device)
+            cu, longest = detour.document_spans(doc)
+            n_pred = int((y != IGNORE).sum())
+            capacity = B * T if phase == "clm" else min(B * T, math.ceil(0.3 * B * T + 8 * math.sqrt(B * T * 0.21)) + 8)
+            x, y, doc, spans = x.to(device), y.to(device), doc.to(device), (cu.to(device), longest)
             causal = phase == "clm"
-            flops = detour.model_flops_per_token(config, T, causal=causal,
-                                                 head_fraction=(y != IGNORE).float().mean().item())
+            flops = detour.model_flops(config, cu.diff().tolist(), causal, n_pred)  # allowed pairs only
 
             def hf_step():
                 with bf16(device):
@@ -463,24 +488,29 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
                     report.add("speed", f"{phase} T={T} HF", "FAIL", detail=f"{type(e).__name__}: {str(e)[:200]}")
                     hf_opt.zero_grad(set_to_none=True)
                     free(device)
-            for mode in modes:
-                case = f"{phase} T={T} {mode}"
+            for mode, backend in [(m, b) for b in backends for m in modes]:
+                case = f"{phase} T={T} {backend} {mode}"
                 left = deadline - time.time()
                 if left < (100 if mode == "compiled" else 20):
                     report.add("speed", case, "skip", detail=f"budget: {max(left, 0):.0f} s left")
                     continue
-                runner = runners[mode]
+                runner, compiled = runners[mode], mode == "compiled"
 
-                def ours_step():
+                def ours_step():  # as detour.train: varlen gets spans, compiled the fixed head capacity
+                    ours.model.attn_backend = backend
                     with bf16(device):
-                        _, loss = runner(x, y, causal=causal, doc_ids=doc)
+                        _, loss = runner(x, y, causal=causal, doc_ids=None if backend == "varlen" else doc,
+                                         spans=spans if backend == "varlen" else None,
+                                         capacity=capacity if compiled else None)
                     loss.backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                     return loss.detach()
 
                 try:
+                    graphs = dynamo_graphs()
                     first, dt, peak, grow, loss = time_steps(ours_step, device, warmup, steps)
+                    graphs = dynamo_graphs() - graphs
                 except Exception as e:  # e.g. out of memory: this row fails, the others still run
                     traceback.print_exc()
                     report.add("speed", case, "FAIL", detail=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
@@ -488,8 +518,9 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
                     free(device)
                     continue
                 tok_s = B * T / dt
-                mfu = tok_s * flops / peak_flops if peak_flops else None
-                row = dict(phase=phase, T=T, batch=B, mode=mode, tok_s=round(tok_s), mfu=mfu,
+                mfu = flops / dt / peak_flops if peak_flops else None
+                row = dict(phase=phase, T=T, batch=B, mode=mode, backend=backend, tok_s=round(tok_s), mfu=mfu,
+                           graphs=graphs if compiled else None,
                            first_step_s=round(first, 2), step_s=dt, loss=loss,
                            peak_gib=None if peak is None else peak / 2**30, step_gib=None if grow is None else grow / 2**30)
                 parts = [f"MFU {mfu:.1%}"] if mfu is not None else []
@@ -503,19 +534,33 @@ def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), token
                     detail += ("; " if detail else "") + f"HF {B * T / hdt:,.0f} tok/s (ours {hdt / dt:.2f}x)"
                     if hgrow is not None:
                         detail += f", HF step {hgrow / 2**30:.1f} GiB"
-                detail += f"; first step {first:.1f} s"
+                detail += f"; first step {first:.1f} s" + (f", {graphs} graph(s) compiled" if compiled else "")
                 status = "ok" if math.isfinite(loss) else "FAIL"
                 bound = None
                 if (T == 8192 and preset == "base" and phase == "mlm" and mode == modes[-1] and status == "ok"
-                        and device.type == "cuda"):  # the targets: MLM at 8192, compiled when compiled runs
+                        and backend == backends[0] and device.type == "cuda"):  # the targets: MLM at 8192, default
                     bound = f">= {TARGET_TOK_S:,} tok/s, MFU >= {TARGET_MFU:.0%}"
                     if tok_s < TARGET_TOK_S or (mfu or 0) < TARGET_MFU:
                         status = "miss"
                 report.add("speed", case + ": tok/s", status, tok_s, bound, detail, **row)
+    clm_over_mlm(report, device, preset)
     del ours, hf, opt, hf_opt
     if "compiled" in modes:
         torch._dynamo.reset()
     free(device)
+
+
+def clm_over_mlm(report, device, preset):
+    """CLM step time / MLM step time per (T, backend, mode) from the speed rows; the target (base, 8192,
+    the default backend): <= 1.1, the detour must not cost much more per step than MLM."""
+    rows = {(r["phase"], r["T"], r["backend"], r["mode"]): r for r in report.rows if r.get("tok_s")}
+    for (phase, T, backend, mode), r in sorted(rows.items()):
+        if phase != "clm" or ("mlm", T, backend, mode) not in rows:
+            continue
+        ratio = r["step_s"] / rows[("mlm", T, backend, mode)]["step_s"]
+        target = T == 8192 and preset == "base" and backend == "varlen" and device.type == "cuda"
+        report.add("speed", f"CLM / MLM step time, T={T} {backend} {mode}", "miss" if target and ratio > 1.1 else
+                   "info", ratio, 1.1 if target else None)
 
 
 # ----------------------------------------------------------------------------------------
@@ -604,6 +649,8 @@ def main(argv=None):
     lengths = [8192] if args.quick else [int(t) for t in args.lengths.split(",")]
     speed = dict(preset="base", lengths=lengths, tokens=args.tokens, steps=3 if args.quick else args.steps,
                  modes=("eager",) if args.quick else ("eager", "compiled"))
+    if device.type != "cuda":  # varlen needs CUDA
+        speed.update(backends=("sdpa",))
     if args.smoke:
         speed.update(preset="tiny", lengths=[64, 128], tokens=256, steps=1, warmup=1, modes=("eager",))
     with tempfile.TemporaryDirectory() as work:

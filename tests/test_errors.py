@@ -75,7 +75,7 @@ ROWS = [
     ("detour", "--eps 0", "--eps 0.0 must be > 0", ""),
     ("detour", "--weight_decay -1e-5", "--weight_decay -1e-05 must be >= 0", ""),
     ("detour", "--dtype fp16", "--dtype 'fp16' must be one of auto | float32 | bfloat16", "cli"),
-    ("detour", "--attn_backend xformers", "--attn_backend 'xformers' must be one of sdpa | flex | dense_window", ""),
+    ("detour", "--attn_backend xformers", "--attn_backend 'xformers' must be one of auto | sdpa | varlen | dense_window", ""),
     pytest.param("detour", "--device cuda", "--device 'cuda' must be auto | cpu | cuda | cuda:N", "cli", marks=NO_GPU),
     ("detour", f"--device cuda:{torch.cuda.device_count()}", "a device this machine has", ""),
     ("detour", "--device tpu", "--device 'tpu' must be auto | cpu | cuda | cuda:N", ""),

@@ -1,12 +1,12 @@
-"""The GPU path, as far as a CPU can run it: bf16 autocast, torch.compile and FlexAttention
-against the fp32 / eager / SDPA runs, and tests/gpu_check.py's code at toy sizes.
+"""The GPU path, as far as a CPU can run it: bf16 autocast and torch.compile against the fp32 and
+eager runs, the varlen backend's plumbing against the dense-mask path, the backend decision, one
+compile per phase, and tests/gpu_check.py's code at toy sizes.
 Each test states its tolerance and why."""
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -95,87 +95,190 @@ def test_compile_matches_eager(tiny_data, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------
-# FlexAttention
+# The varlen backend (FlashAttention's variable-length kernel: CUDA only), as far as a CPU runs it
 # ----------------------------------------------------------------------------------------
-def reference_mask(B, T, causal, window, attention_mask, doc_ids):
-    """The attention rule restated here, independently of detour: True = query i sees key j."""
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    ok = torch.ones(B, T, T, dtype=torch.bool)
-    if causal:
-        ok &= j <= i
-    if window is not None:
-        ok &= (i - j).abs() <= window
-    if doc_ids is not None:
-        ok &= doc_ids[:, :, None] == doc_ids[:, None, :]
-    if attention_mask is not None:
-        ok &= attention_mask[:, None, :].bool()
-    return (ok | (i == j))[:, None]
+def tiny():
+    return detour.Config(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=4, local_attention=16, pad_token_id=0, unk_token_id=1,
+                         cls_token_id=2, sep_token_id=3, mask_token_id=4)
+
+
+def spans_of(rows, sep=3):
+    cu, longest = detour.document_spans(detour.document_ids(torch.tensor(rows), sep))
+    return cu.tolist(), longest
+
+
+def test_document_spans_on_packed_rows():
+    """cu_seqlens from [SEP] boundaries and row ends: a [SEP] closes its document, a row end cuts
+    one, a row that is one document is one span, and the empty-document cases (a row starting with
+    [SEP], two [SEP]s in a row, a row of [SEP]s, a [SEP] as the last token) give spans of one token,
+    never an empty span. Offsets index the flattened B x T tokens, int32 as the kernel wants."""
+    S = 3
+    assert spans_of([[2, 7, S, 2, 8, 9], [9, 9, S, 2, 8, S]]) == ([0, 3, 6, 9, 12], 3)  # cut at the row end
+    assert spans_of([[2, 7, 8, 9, 9, 9]]) == ([0, 6], 6)                                 # one document
+    assert spans_of([[S, 2, 7, S, S, 8]]) == ([0, 1, 4, 5, 6], 3)       # [SEP] first; [SEP][SEP]
+    assert spans_of([[S, S, S]]) == ([0, 1, 2, 3], 1)                   # only [SEP]s: one token each
+    assert spans_of([[2, 7, S], [S, 2, 7]]) == ([0, 3, 4, 6], 3)        # [SEP] last, then first
+    cu, _ = detour.document_spans(torch.zeros(2, 5, dtype=torch.long))   # doc_mask off: the rows
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 5, 10]
+    g = torch.Generator().manual_seed(0)  # random rows: spans tile the tokens, one document each
+    idx = torch.randint(2, 8, (3, 40), generator=g)
+    doc_ids = detour.document_ids(idx, S)
+    cu, longest = detour.document_spans(doc_ids)
+    flat = doc_ids.reshape(-1)
+    assert cu[0] == 0 and cu[-1] == idx.numel() and (cu.diff() > 0).all() and longest == cu.diff().max()
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        assert a // 40 == (b - 1) // 40 and (flat[a:b] == flat[a]).all()
+        assert b % 40 == 0 or flat[b] != flat[b - 1]
+
+
+def per_document_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
+    """A reference for torch.nn.attention.varlen.varlen_attn, written from its documentation: on
+    (tokens, H, D) tensors, attention inside each sequence [cu[i], cu[i+1]), key j seen by query i
+    when i - left <= j <= i + right (-1: unbounded). One SDPA call per document, on the CPU."""
+    assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and max_q == max_k == cu_q.diff().max()
+    left, right = window_size
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        i, j = torch.arange(b - a)[:, None], torch.arange(b - a)[None, :]
+        ok = ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)), attn_mask=ok).transpose(0, 1)
+    return out
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_flex_block_mask_across_tiles_matches_sdpa(causal):
-    """flex_attention (eager, forward: CPU has no flex backward) under detour's BlockMask against
-    SDPA under the rule restated above, at T = 300: three 128-token tiles, the last one ragged,
-    the real local window (64 each side), packed documents and padding, and the broadcast mask
-    (no per-row masks). Tolerance 1e-5: fp32, the same keys, sums in another order; measured 7e-7.
-    The local and causal masks must also skip tiles (that is what flex buys)."""
-    flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    B, H, T, D, window = 2, 2, 300, 16, 64
-    g = torch.Generator().manual_seed(0)
+def test_varlen_path_equals_the_dense_mask_path(monkeypatch, causal):
+    """The varlen backend's plumbing (spans, the flattening into one token stream, the window_size
+    of each layer kind) with the kernel replaced by the per-document reference above, against the
+    sdpa path (dense document mask, block-sparse window) on packed rows with documents cut at the
+    row ends: each attention call's output to 1e-6, and the model's loss, logits and every gradient.
+    fp32 on both sides, the same pairs summed in another order: measured differences ~1e-7."""
+    import torch.nn.attention.varlen as varlen
+    monkeypatch.setattr(varlen, "varlen_attn", per_document_varlen)
+    c = tiny()
+    B, T, H, D = 2, 70, 4, 16
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(5, c.vocab_size, (B, T), generator=g)
+    idx[0, [0, 9, 10, 40]], idx[1, [25, T - 1]] = c.sep_token_id, c.sep_token_id
+    doc_ids = detour.document_ids(idx, c.sep_token_id)
+    spans = detour.document_spans(doc_ids)
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
-    sep = torch.rand(B, T, generator=g) < 0.02
-    doc_ids = torch.cumsum(sep.long(), 1) - sep.long()
-    am = torch.ones(B, T, dtype=torch.long)
-    am[1, T - 70:] = 0
-    for masks in ((None, None), (am, doc_ids)):
-        for w in (None, window):
-            want = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=reference_mask(B, T, causal, w, *masks))
-            bm = detour.flex_block_mask(B, T, "cpu", causal, w, *masks)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # eager flex_attention: the unfused reference path
-                got = flex.flex_attention(q, k, v, block_mask=bm)
-            err = (got - want).abs().max().item()
-            assert err <= 1e-5, (causal, w, masks[0] is not None, err)
-            tiles = bm.kv_num_blocks + (0 if bm.full_kv_num_blocks is None else bm.full_kv_num_blocks)
-            assert tiles.shape[-1] == 3 and (tiles <= 3).all()  # 3 x 3 tiles of 128 at T = 300
-            if causal or w is not None:  # (BlockMask.sparsity() miscounts a ragged last tile: not used)
-                assert (tiles.sum(-1) < 9).all(), (causal, w, tiles)
-
-
-def test_flex_on_cpu_falls_back_to_sdpa_in_training(tiny_data, tmp_path):
-    """Where flex cannot run (CPU: no flex backward), attn_backend=flex warns and runs SDPA:
-    the same outputs and gradients, bit for bit (tolerance 0: the same code runs), with
-    causal attention and documents in training mode, and the same losses through detour.main."""
-    c = detour.Config(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                      num_attention_heads=4, local_attention=16, pad_token_id=0, unk_token_id=1,
-                      cls_token_id=2, sep_token_id=3, mask_token_id=4)
+    dense = detour.attention_fns(c, B, T, torch.device("cpu"), causal, doc_ids=doc_ids)
+    sparse = detour.attention_fns(c, B, T, torch.device("cpu"), causal, backend="varlen", spans=spans)
+    for kind in ("full_attention", "sliding_attention"):
+        err = (sparse[kind](q, k, v) - dense[kind](q, k, v)).abs().max().item()
+        assert err <= 1e-6, (kind, err)
     torch.manual_seed(0)
     m = detour.ModernBERT(c).train()
-    idx = torch.randint(5, c.vocab_size, (2, 50), generator=torch.Generator().manual_seed(1))
-    idx[:, 20] = c.sep_token_id
-    doc_ids = detour.document_ids(idx, c.sep_token_id)
-    targets = torch.roll(idx, -1, 1)
+    targets = torch.where(torch.rand(B, T, generator=g) < 0.5, idx, detour.IGNORE)
     results = {}
-    for backend in ("sdpa", "flex"):
+    for backend in ("sdpa", "varlen"):
         m.model.attn_backend = backend
         m.zero_grad()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            _, loss = m(idx, targets, causal=True, doc_ids=doc_ids)
-            loss.backward()
-        results[backend] = (loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()},
-                            [str(w.message) for w in caught])
-    assert not results["sdpa"][2] and any("using sdpa" in w for w in results["flex"][2])
-    assert results["flex"][0] == results["sdpa"][0]
-    for n, g in results["sdpa"][1].items():
-        assert torch.equal(results["flex"][1][n], g), n
+        loss = m(idx, targets, causal=causal, doc_ids=doc_ids, spans=spans)[1]
+        loss.backward()
+        with torch.no_grad():
+            logits = m(idx, causal=causal, doc_ids=doc_ids, spans=spans)[0]
+        results[backend] = loss.item(), logits, {n: p.grad.clone() for n, p in m.named_parameters()}
+    (ref_loss, ref_logits, ref_grads), (loss, logits, grads) = results["sdpa"], results["varlen"]
+    assert abs(loss - ref_loss) <= 1e-6 and (logits - ref_logits).abs().max() <= 1e-5
+    for n, gr in ref_grads.items():
+        assert torch.allclose(grads[n], gr, atol=1e-6, rtol=1e-5), n
+
+
+def test_attention_backend_decision(monkeypatch, capsys):
+    """Decided once at start-up. On a CPU: auto is sdpa without a word; varlen asked for falls back
+    to sdpa with one warning line naming what is missing. On CUDA (faked here): varlen when the GPU
+    has FlashAttention (sm80+), the run is bf16, the attention has no dropout and torch has the
+    varlen module; otherwise sdpa and one line. sdpa and dense_window are taken as asked."""
+    pick = detour.attention_backend
+    assert pick("auto", "cpu", False, 0.0) == "sdpa" and capsys.readouterr().err == ""
+    assert pick("sdpa", "cpu", False, 0.0) == "sdpa" and pick("dense_window", "cpu", False, 0.0) == "dense_window"
+    assert pick("varlen", "cpu", False, 0.0) == "sdpa"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: attn_backend=varlen needs a CUDA device, bf16") and line.endswith("using sdpa")
+    assert pick("varlen", "cpu", False, 0.0, warn=False) == "sdpa" and capsys.readouterr().err == ""
+    capability = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    assert pick("auto", "cuda", True, 0.0) == "varlen" and pick("varlen", "cuda:0", True, 0.0) == "varlen"
+    assert capsys.readouterr().err == ""
+    for args, missing in (((False, 0.0), "bf16"), ((True, 0.1), "attention_dropout 0")):
+        assert pick("auto", "cuda", *args) == "sdpa"
+        assert capsys.readouterr().err == f"warning: attn_backend=auto needs {missing}; using sdpa\n"
+    capability[0] = (7, 5)  # a V100 / T4: no FlashAttention
+    assert pick("auto", "cuda", True, 0.0) == "sdpa" and "needs sm80+" in capsys.readouterr().err
+    capability[0] = (8, 0)
+    monkeypatch.setattr(detour.importlib.util, "find_spec", lambda name: None)  # an older torch
+    assert pick("auto", "cuda", True, 0.0) == "sdpa" and "needs torch >= 2.10" in capsys.readouterr().err
+
+
+def test_varlen_asked_for_on_cpu_warns_once_and_trains_as_sdpa(tiny_data, tmp_path, capsys):
+    """--attn_backend varlen where it cannot run: one warning line at start-up (not per step), then
+    the sdpa run, bit for bit (the same code runs; tolerance 0)."""
     args = ["--data_dir", tiny_data, "--phase", "clm", "--max_tokens", "1024", *TINY_RUN]
-    run(args + ["--out_dir", str(tmp_path / "sdpa")])
-    with pytest.warns(UserWarning, match="using sdpa"):
-        run(args + ["--attn_backend", "flex", "--out_dir", str(tmp_path / "flex")])
+    run(args + ["--attn_backend", "sdpa", "--out_dir", str(tmp_path / "sdpa")])
+    capsys.readouterr()
+    run(args + ["--attn_backend", "varlen", "--out_dir", str(tmp_path / "varlen")])
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warned) == 1 and "attn_backend=varlen needs a CUDA device" in warned[0], warned
     timeless = lambda rows: [{k: v for k, v in r.items() if k != "tok_per_s"} for r in rows]  # noqa: E731
-    assert timeless(log(str(tmp_path / "flex"))) == timeless(log(str(tmp_path / "sdpa")))
+    assert timeless(log(str(tmp_path / "varlen"))) == timeless(log(str(tmp_path / "sdpa")))
+
+
+# ----------------------------------------------------------------------------------------
+# One compile: the head at a fixed capacity
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal", [False, True])
+def test_fixed_capacity_head_gives_todays_loss_and_gradients(causal):
+    """ModernBERT.forward with `capacity` (what --compile uses: the supervised positions first, then
+    padding slots with IGNORE targets) against the eager path (only the supervised positions): the
+    loss to 1e-6 and every gradient to 1e-6 (fp32; the padding rows add exact zeros, but the matmuls
+    see other shapes, so sums may round differently); also at capacity = every position."""
+    c = tiny()
+    torch.manual_seed(0)
+    m = detour.ModernBERT(c).train()
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(5, c.vocab_size, (2, 40), generator=g)
+    targets = torch.where(torch.rand(2, 40, generator=g) < 0.3, idx, detour.IGNORE)
+    n = int((targets != detour.IGNORE).sum())
+    results = []
+    for capacity in (None, n + 7, 80):
+        m.zero_grad()
+        loss = m(idx, targets, causal=causal, capacity=capacity)[1]
+        loss.backward()
+        results.append((loss.item(), {k: p.grad.clone() for k, p in m.named_parameters()}))
+    (want, ref), *rest = results
+    for got, grads in rest:
+        assert abs(got - want) <= 1e-6
+        for k, gr in ref.items():
+            assert torch.allclose(grads[k], gr, atol=1e-6, rtol=0), k
+
+
+def test_compile_does_not_recompile_after_the_first_step(tiny_data, tmp_path, monkeypatch):
+    """20 MLM steps, then 20 CLM steps, under --compile true: the number of graphs torch._dynamo has
+    compiled (its counters) after the first step of each phase stays the same to the last step
+    (before the fixed-capacity head, every new count of masked tokens was a new graph, up to the
+    recompile limit). Evaluation runs the raw model eager: not counted, and not compiled."""
+    import shutil
+    if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        pytest.skip("no C++ compiler: torch.compile (inductor) cannot build CPU kernels here")
+    from torch._dynamo.utils import counters
+    seen = []
+    check = detour.check_finite
+    monkeypatch.setattr(detour, "check_finite", lambda cfg, r, step: seen.append(
+        (cfg.phase, step, counters["stats"]["unique_graphs"], sum(counters["recompiles"].values()))) or check(cfg, r, step))
+    torch._dynamo.reset()
+    counters.clear()
+    for phase in ("mlm", "clm"):
+        run(["--data_dir", tiny_data, "--phase", phase, *TINY_RUN, "--seq_len", "32", "--batch_size", "2",
+             "--global_batch_size", "2", "--max_tokens", str(20 * 64), "--eval_interval", "1000", "--eval_tokens", "64",
+             "--ckpt_interval", "1000", "--compile", "true", "--out_dir", str(tmp_path / phase)])
+    for phase in ("mlm", "clm"):
+        rows = [r for r in seen if r[0] == phase]
+        assert len(rows) >= 20 and rows[0][1] == 1, rows
+        assert all(r[2:] == rows[0][2:] for r in rows), rows
+    assert seen[-1][2] >= 2  # a graph per phase at least: the counter counts
 
 
 # ----------------------------------------------------------------------------------------
@@ -199,7 +302,7 @@ def test_gpu_check_without_cuda_is_one_line_and_exit_0():
 
 def test_gpu_check_smoke_on_cpu(tmp_path):
     """All of gpu_check's code at toy sizes on the CPU (--device cpu --smoke): parity with
-    transformers, causality, flex vs sdpa (a fallback here), detour.main end to end, speed rows
+    transformers, causality, varlen vs sdpa (a skip here: no CUDA), detour.main end to end, speed rows
     with the SDPA kernel probe, the table and the JSON. DDP is skipped there without GPUs, so
     its torchrun comparison runs here on gloo. Compiled speed rows are not run (compile time)."""
     gc = load_gpu_check()

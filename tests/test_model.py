@@ -174,6 +174,8 @@ def test_documents_do_not_see_each_other():
 
 
 def test_sparse_head_matches_dense_logits():
+    """The loss of the sparse head (only the supervised positions) and score's chunked loss and
+    accuracy (one row per chunk here) equal cross-entropy on the dense logits at those positions."""
     c = tiny_config()
     torch.manual_seed(0)
     m = detour.ModernBERT(c).eval()
@@ -182,11 +184,12 @@ def test_sparse_head_matches_dense_logits():
     targets[0, 3], targets[1, 7] = 9, 11
     with torch.no_grad():
         dense, _ = m(idx)
-        sparse, loss = m(idx, targets=targets)
-    assert sparse.shape == (2, c.vocab_size)
-    assert torch.allclose(sparse, torch.stack([dense[0, 3], dense[1, 7]]), atol=1e-5)
-    want = torch.nn.functional.cross_entropy(torch.stack([dense[0, 3], dense[1, 7]]), torch.tensor([9, 11]))
-    assert abs(loss.item() - want.item()) < 1e-5
+        none, loss = m(idx, targets=targets)
+        mean, acc = m.score(idx, targets, chunk=1)
+    picked, t = torch.stack([dense[0, 3], dense[1, 7]]), torch.tensor([9, 11])
+    want = torch.nn.functional.cross_entropy(picked, t)
+    assert none is None and abs(loss.item() - want.item()) < 1e-5 and abs(mean.item() - want.item()) < 1e-5
+    assert acc.item() == (picked.argmax(-1) == t).float().mean().item()
 
 
 def masked_rows(B, T, seed):
@@ -221,51 +224,28 @@ def test_block_sliding_attention_equals_dense_masked(causal, T, window):
             assert torch.allclose(a, b, atol=1e-5)
 
 
-def test_model_flops_per_token_by_hand():
-    c = tiny_config()  # d=64, I=96, V=101, 4 layers: global, local, local, global; window 16
-    per_layer = 2 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 96 + 96 * 64)  # 69_632
-    head = 2 * (64 * 64 + 64 * 101)                                  # 21_120
-    attn_global, attn_local = 4 * 64 * 40, 4 * 64 * 17               # T=40 keys; 17 = window + 1
-    want = 3 * (4 * per_layer + 2 * attn_global + 2 * attn_local + head)
-    assert want == 986_496
-    assert detour.model_flops_per_token(c, 40) == want
-    assert detour.model_flops_per_token(c, 40, causal=True) == want - 3 * (attn_global + attn_local)
-    assert detour.model_flops_per_token(c, 8) == 3 * (4 * per_layer + 4 * (4 * 64 * 8) + head)  # T < window
-    assert detour.model_flops_per_token(c, 40, head_fraction=0.3) == pytest.approx(want - 3 * 0.7 * head)
-    assert detour.device_peak_flops("cpu") is None
-
-
-def test_flex_block_mask_equals_dense_masks():
-    """The flex backend's BlockMask comes from the same predicate; checked forward on CPU with
-    eager flex_attention (training with flex needs CUDA: no flex backward on CPU)."""
-    flex = pytest.importorskip("torch.nn.attention.flex_attention")
-    import warnings
-    B, H, T, D = 3, 2, 40, 8
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
-    doc_ids, am = masked_rows(B, T, seed=1)
+def test_model_flops_by_hand_and_allowed_pairs_by_may_attend():
+    c = tiny_config()  # d=64, I=96, V=101, 4 layers: global, local, local, global; window 16 (8 each side)
+    per_token = 4 * 2 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 96 + 96 * 64)  # 4 layers x 69_632
+    head = 2 * (64 * 64 + 64 * 101)                                       # 21_120
+    # one document of 40: global 40^2 pairs (causal 40 x 41 / 2); local: each query itself and
+    # min(i, 8) before (0+1+...+8 + 31 x 8 = 284 in all), as many after: 40 + 2 x 284
+    assert detour.attention_pairs([40]) == 1600 and detour.attention_pairs([40], causal=True) == 820
+    assert detour.attention_pairs([40], 8) == 608 and detour.attention_pairs([40], 8, causal=True) == 324
+    want = 3 * (40 * per_token + 4 * 64 * (2 * 1600 + 2 * 608) + 40 * head)
+    assert detour.model_flops(c, [40]) == want
+    assert detour.model_flops(c, [40], predicted=12) == pytest.approx(want - 3 * 28 * head)
+    assert detour.model_flops(c, [40], causal=True) == 3 * (40 * per_token + 4 * 64 * (2 * 820 + 2 * 324) + 40 * head)
+    # the count equals may_attend's allowed pairs on packed rows (documents cut by [SEP] and row ends)
+    idx, _ = batch(c, B=2, T=50)
+    idx[0, [5, 6, 30]], idx[1, 49] = c.sep_token_id, c.sep_token_id
+    doc_ids = detour.document_ids(idx, c.sep_token_id)
+    cu, _ = detour.document_spans(doc_ids)
     for causal in (False, True):
-        for window in (None, 4):
-            want = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=detour.dense_mask(B, T, "cpu", causal, window, am, doc_ids))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # eager flex_attention is a slow reference path
-                got = flex.flex_attention(q, k, v, block_mask=detour.flex_block_mask(B, T, "cpu", causal, window,
-                                                                                     am, doc_ids))
-            assert torch.allclose(got, want, atol=1e-5), (causal, window)
-
-
-def test_flex_backend_falls_back_on_cpu():
-    c = tiny_config()
-    torch.manual_seed(0)
-    m = detour.ModernBERT(c).eval()
-    idx, am = batch(c)
-    with torch.no_grad():
-        want, _ = m(idx, attention_mask=am)
-        m.model.attn_backend = "flex"
-        with pytest.warns(UserWarning, match="using sdpa"):
-            got, _ = m(idx, attention_mask=am)
-    assert torch.equal(got, want)
+        for window in (None, 8):
+            allowed = detour.dense_mask(2, 50, "cpu", causal, window, doc_ids=doc_ids).sum().item()
+            assert detour.attention_pairs(cu.diff().tolist(), window, causal) == allowed, (causal, window)
+    assert detour.device_peak_flops("cpu") is None
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -278,13 +258,17 @@ def test_chunked_loss_equals_logits_loss(causal):
     idx, _ = batch(c, B=2, T=30)
     targets = torch.where(torch.rand(idx.shape) < 0.5, idx, detour.IGNORE)
     results = []
-    for return_logits in (True, False):
+    for materialized in (True, False):
         m.zero_grad()
-        logits, loss = m(idx, targets, causal=causal, return_logits=return_logits)
+        if materialized:  # the reference: the logits of the supervised positions, then cross-entropy
+            keep = targets.reshape(-1) != detour.IGNORE
+            h = m.model(idx, causal=causal).reshape(-1, c.hidden_size)[keep]
+            loss = torch.nn.functional.cross_entropy(m.decoder(m.head(h)), targets.reshape(-1)[keep])
+        else:
+            loss = m(idx, targets, causal=causal)[1]
         loss.backward()
-        results.append((logits, loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}))
-    (logits, want, grads), (none, got, chunked) = results
-    assert logits.shape == ((targets != detour.IGNORE).sum(), c.vocab_size) and none is None
+        results.append((loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    (want, grads), (got, chunked) = results
     assert abs(got - want) < 1e-5
     for n, g in grads.items():
         assert torch.allclose(chunked[n], g, atol=1e-6), n
@@ -293,7 +277,7 @@ def test_chunked_loss_equals_logits_loss(causal):
     w, b = m.decoder.weight.detach().clone().requires_grad_(), m.decoder.bias.detach().clone().requires_grad_()
     full = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b), t)
     want = torch.autograd.grad(full, (h, w, b))
-    chunked = detour.LinearCrossEntropy.apply(h, w, b, t, 7)
+    chunked = detour.LinearCrossEntropy.apply(h, w, b, t, 50, 7)
     got = torch.autograd.grad(chunked, (h, w, b))
     assert torch.allclose(chunked, full, atol=1e-6)
     for g, e in zip(got, want):
