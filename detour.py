@@ -47,18 +47,19 @@ mlm_rate = 0.30            # Phase-1 MLM baseline masking rate (paper: 30%)
 decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
 doc_mask = True            # packed documents never attend across the [SEP] boundary
 # data and batch
-seq_len = 256              # paper: 8192
-batch_size = 16            # micro-batch, sequences per rank per forward
-global_batch_size = 32     # sequences per optimizer step over all ranks (paper: 384)
-max_tokens = 600_000       # Phase-1 budget in tokens (paper: billions)
+seq_len = 128              # paper: 8192
+batch_size = 4             # micro-batch, sequences per rank per forward
+global_batch_size = 4      # sequences per optimizer step over all ranks (paper: 384); the CPU default buys
+                           # steps: the detour twin relearns bidirectional use only in its decay (10% of them)
+max_tokens = 1_000_000     # Phase-1 budget in tokens (paper: billions): ~1,950 steps, a ~195-step decay
 decay_ratio = 0.10         # decay length as a fraction of Phase-1 tokens
 decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 tokens
 data_seed = 42             # data order seed (paper: 42)
 seed = 17                  # model init / masking seed (paper: 17)
 # optimizer (decoupled AdamW)
-learning_rate = 1e-3       # peak lr (paper: 2e-4 for continued pretraining of base; a small
+learning_rate = 2e-3       # peak lr (paper: 2e-4 for continued pretraining of base; a small
                            # model trained from scratch on a CPU budget wants more)
-warmup_tokens = 100_000    # linear warmup, then constant (paper: 100M)
+warmup_tokens = 20_480     # linear warmup (40 steps here), then constant (paper: 100M)
 min_lr_ratio = 0.10        # decay ends at 10% of peak
 beta1, beta2 = 0.9, 0.98
 eps = 1e-6
@@ -72,9 +73,9 @@ dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat1
 compile = False            # torch.compile the model
 attn_backend = "auto"      # auto (varlen where it can run: CUDA, bf16; else sdpa) | sdpa | varlen (FlashAttention's
                            # variable-length kernel, documents apart) | dense_window (local layers on a T x T mask)
-eval_interval = 25         # steps between validation
+eval_interval = 400        # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
-log_interval = 5
+log_interval = 20
 ckpt_interval = 200        # steps between checkpoints (also written at the end)
 progress = True            # tqdm bar
 

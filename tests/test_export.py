@@ -62,3 +62,29 @@ def test_samples_are_printed_and_deterministic(runs, capsys):
         out.append(capsys.readouterr().out)
     assert out[0].count("sample (clm, greedy): ") == 2 and out[1].count("sample (mlm): ") == 2
     assert out[1].count("[MASK]") == 6 and out[1].count("top-3 fills") == 2
+
+
+def test_quick_start_at_toy_size(tmp_path):
+    """The README's quick start, as a user runs it (prepare with no corpus given, then clm, then decay,
+    every constant at its default), shrunk to a toy corpus and budget: the defaults fit together."""
+    import json
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    data, clm = str(tmp_path / "data"), str(tmp_path / "clm")
+    budget = 10 * detour.DEFAULTS["global_batch_size"] * detour.DEFAULTS["seq_len"]  # ten optimizer steps
+    commands = [["data/prepare.py", "--n_docs", "200", "--val_fraction", "0.05", "--out_dir", data],
+                ["detour.py", "--phase", "clm", "--data_dir", data, "--out_dir", clm, "--max_tokens", str(budget)],
+                ["detour.py", "--phase", "decay", "--init_from", clm]]
+    outputs = []
+    for argv in commands:
+        done = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout)
+    for run, phase in ((clm, "clm"), (clm + "-decay", "decay")):
+        with open(os.path.join(run, "log.jsonl")) as f:
+            last = [json.loads(line) for line in f][-1]
+        assert {"val_loss", "val_acc", "val_unigram"} <= set(last)  # every loss next to its unigram
+        assert os.path.exists(os.path.join(run, "hf", "model.safetensors"))
+    assert outputs[1].count("sample (clm, greedy): ") == 2 and outputs[2].count("top-3 fills") == 2
