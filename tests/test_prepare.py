@@ -180,31 +180,31 @@ def test_vocab_too_small_fails(tmp_path):
 def test_read_txt_lines_and_groups(tmp_path):
     path = tmp_path / "in.txt"
     path.write_text("a b c\nd e\n\nf g h i\nj\n")
-    assert prepare.read_documents(str(path)) == ["a b c", "d e", "f g h i", "j"]
+    assert list(prepare.Corpus([str(path)])) == ["a b c", "d e", "f g h i", "j"]
     # Groups close at >= 4 words or at a blank line.
-    assert prepare.read_documents(str(path), group_tokens=4) == ["a b c d e", "f g h i", "j"]
-    assert prepare.read_documents(str(path), group_tokens=100) == ["a b c d e", "f g h i j"]
+    assert list(prepare.Corpus([str(path)], group_tokens=4)) == ["a b c d e", "f g h i", "j"]
+    assert list(prepare.Corpus([str(path)], group_tokens=100)) == ["a b c d e", "f g h i j"]
 
 
 def test_read_jsonl_and_bad_lines(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "first  doc\\nline two"}\n\n{"text": "second", "id": 3}\n')
-    assert prepare.read_documents(str(path)) == ["first doc line two", "second"]
+    assert list(prepare.Corpus([str(path)])) == ["first doc line two", "second"]
     path.write_text('{"text": "ok"}\n{not json}\n')
     with pytest.raises(SystemExit, match=re.escape(f"{path}:2: not valid JSON")):
-        prepare.read_documents(str(path))
+        list(prepare.Corpus([str(path)]))
     path.write_text('{"text": "ok"}\n{"body": "x"}\n')
     with pytest.raises(SystemExit, match=re.escape(f'{path}:2: no "text"')):
-        prepare.read_documents(str(path))
+        list(prepare.Corpus([str(path)]))
 
 
 def test_missing_and_empty_input(tmp_path):
     with pytest.raises(SystemExit, match="input file not found"):
-        prepare.read_documents(str(tmp_path / "nope.txt"))
+        prepare.Corpus([str(tmp_path / "nope.txt")])
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
     with pytest.raises(SystemExit, match="no documents in"):
-        prepare.read_documents(str(empty))
+        list(prepare.Corpus([str(empty)]))
 
 
 def test_cli(tmp_path):
