@@ -318,7 +318,7 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
     progress = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)
     if isinstance(docs, Corpus):
         docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **progress)
-    n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else tokenizer_sample_mb * 10 ** 6)
+    n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
     if isinstance(docs, Corpus):
         docs.bar = docs.bar.close()  # pass 2 has its own bar
     if n_docs < 2:
@@ -404,7 +404,7 @@ def main(argv=None):
     p.add_argument("--out_dir", default=None, help="output directory (overrides --name)")
     p.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     p.add_argument("--vocab_size", type=int, default=8192, help="size of the trained tokenizer")
-    p.add_argument("--tokenizer_sample_mb", type=int, default=TOKENIZER_SAMPLE_MB,
+    p.add_argument("--tokenizer_sample_mb", type=float, default=TOKENIZER_SAMPLE_MB,
                    help="a trained tokenizer learns from the train documents among the input's first N MB")
     p.add_argument("--val_fraction", type=float, default=0.005, help="fraction of documents held out")
     p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split")
