@@ -58,6 +58,7 @@ DEFAULT_WORLD_SEED = 1234
 # A trained tokenizer learns from the train documents among the input's first 256 MB of text: BPE's
 # merges settle long before that, and its memory grows with the sample. A smaller input is used whole.
 TOKENIZER_SAMPLE_MB = 256
+BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)  # MB/s and ETA; off without a tty
 BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
 SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a directory given as --input contributes
 RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
@@ -192,6 +193,22 @@ def special_ids(tokenizer):
     return ids
 
 
+def get_tokenizer(tokenizer_path, train_sample, vocab_size):
+    """The given tokenizer.json, or one trained on train_sample -> (tokenizer, special ids, file bytes)."""
+    if tokenizer_path:
+        if os.path.isdir(tokenizer_path):
+            fail(f"--tokenizer {tokenizer_path} is a directory; give the tokenizer.json file in it")
+        if not os.path.isfile(tokenizer_path):
+            fail(f"tokenizer file not found: {tokenizer_path} (check the --tokenizer path)")
+        tokenizer = load_tokenizer(tokenizer_path)
+        with open(tokenizer_path, "rb") as f:
+            return tokenizer, special_ids(tokenizer), f.read()
+    tokenizer = train_tokenizer(train_sample, vocab_size)
+    ids = special_ids(tokenizer)
+    assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    return tokenizer, ids, tokenizer.to_str(pretty=True).encode("utf-8")
+
+
 def survey(docs, sample_chars):
     """Pass 1: read every document once (so bad input fails before anything is written) ->
     (documents, characters, [(index, doc)] of the first sample_chars characters)."""
@@ -315,9 +332,8 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
         fail(f"--out_dir {out_dir} is a file; give a directory (it is created if missing)")
     if isinstance(docs, (list, tuple)):  # already in memory: clean once here
         docs = [d for d in map(clean, docs) if d]
-    progress = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)
     if isinstance(docs, Corpus):
-        docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **progress)
+        docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **BAR)
     n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
     if isinstance(docs, Corpus):
         docs.bar = docs.bar.close()  # pass 2 has its own bar
@@ -327,35 +343,20 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
         fail(f"val_fraction must be between 0 and 1, got {val_fraction}")
     order, n_val = split_order(n_docs, val_fraction, seed)
     val_ids = set(order[:n_val].tolist()) if sample else set()
-
-    tok_out = os.path.join(out_dir, "tokenizer.json")
-    if tokenizer_path:
-        if os.path.isdir(tokenizer_path):
-            fail(f"--tokenizer {tokenizer_path} is a directory; give the tokenizer.json file in it")
-        if not os.path.isfile(tokenizer_path):
-            fail(f"tokenizer file not found: {tokenizer_path} (check the --tokenizer path)")
-        tokenizer = load_tokenizer(tokenizer_path)
-        ids = special_ids(tokenizer)
-        data = open(tokenizer_path, "rb").read()
-    else:
-        # Train on the train split only, so val text stays truly unseen.
-        tokenizer = train_tokenizer([d for i, d in sample if i not in val_ids], vocab_size)
-        ids = special_ids(tokenizer)
-        assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-        data = tokenizer.to_str(pretty=True).encode("utf-8")
+    # Train on the train split only, so val text stays truly unseen.
+    tokenizer, ids, data = get_tokenizer(tokenizer_path, [d for i, d in sample if i not in val_ids], vocab_size)
     del sample, val_ids
     os.makedirs(out_dir, exist_ok=True)  # the first write: the input and the tokenizer are known good
     remove_temp_files(out_dir)  # a rerun starts clean: an interrupted run's temp files go
     n_vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if n_vocab <= 2 ** 16 else np.uint32
-    bar = tqdm(total=n_chars, desc="prepare: tokenizing", **progress)
+    bar = tqdm(total=n_chars, desc="prepare: tokenizing", **BAR)
     try:
         written, counts, n_tokens = write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar)
-        atomic_write(temp_path(out_dir, "train_counts.npy", "new"), lambda f: np.save(f, counts))
-        written["train_counts.npy"] = temp_path(out_dir, "train_counts.npy", "new")
+        stage(out_dir, written, "train_counts.npy", lambda f: np.save(f, counts))
+        tok_out = os.path.join(out_dir, "tokenizer.json")
         if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
-            atomic_write(temp_path(out_dir, "tokenizer.json", "new"), lambda f: f.write(data))
-            written["tokenizer.json"] = temp_path(out_dir, "tokenizer.json", "new")
+            stage(out_dir, written, "tokenizer.json", lambda f: f.write(data))
         meta = {
             "vocab_size": n_vocab,
             "dtype": np.dtype(dtype).name,
@@ -379,6 +380,12 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
     finally:
         remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
     return meta
+
+
+def stage(out_dir, written, name, write_fn):
+    """Write `name` under a temp name (atomic_write: complete or absent) for commit() to rename."""
+    written[name] = temp_path(out_dir, name, "new")
+    atomic_write(written[name], write_fn)
 
 
 def commit(out_dir, written, meta_text):
