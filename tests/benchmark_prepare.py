@@ -90,11 +90,12 @@ def build_corpus(directory, docs, mb, plain=None):
 def bare(corpus_dir, tokenizer_path):
     """Child mode: the documents in memory first, then only encode_batch, timed; prints JSON."""
     tok = prepare.load_tokenizer(tokenizer_path)
-    docs = list(prepare.Corpus([corpus_dir]))
     t0 = time.time()
+    docs = list(prepare.Corpus([corpus_dir]))  # read, gunzip, parse, clean: one core
+    t1 = time.time()
     for i in range(0, len(docs), prepare.BATCH_DOCS):
         tok.encode_batch(docs[i:i + prepare.BATCH_DOCS], add_special_tokens=False)
-    print(json.dumps(dict(seconds=time.time() - t0, chars=sum(map(len, docs)), docs=len(docs))))
+    print(json.dumps(dict(seconds=time.time() - t1, parse_seconds=t1 - t0, chars=sum(map(len, docs)))))
 
 
 def baseline_code(rev, directory):
@@ -146,18 +147,20 @@ def main():
                                         "--out_dir", out, "--tokenizer", tok])
         meta = json.load(open(os.path.join(out, "meta.json")))
         rate = meta["n_chars"] / 1e6 / wall
-        row = dict(mb=mb, docs=meta["n_train_docs"] + meta["n_val_docs"], tokens=meta["n_train_tokens"] +
+        row = dict(mb=mb, chars=meta["n_chars"], docs=meta["n_train_docs"] + meta["n_val_docs"], tokens=meta["n_train_tokens"] +
                    meta["n_val_tokens"], wall=wall, rate=rate, rss=rss[mb])
         if mb in bare_sizes:
             _, _, out_bare = measured([sys.executable, __file__, "--bare_child", corpus, tok])
             b = json.loads(out_bare)
             assert b["chars"] == meta["n_chars"], (b, meta["n_chars"])
-            row["bare"] = b["chars"] / 1e6 / b["seconds"]
+            row["bare"], row["parse"] = b["chars"] / 1e6 / b["seconds"], b["chars"] / 1e6 / b["parse_seconds"]
         row["startup"] = startup(out, os.path.join(args.dir, "run"))
         rows.append(row)
         print(f"  {mb:>5} MB: {row['docs']:,} docs, {row['tokens']:,} tokens, prepare {wall:.0f} s = "
               f"{rate:.2f} MB/s, peak RSS {rss[mb]:,.0f} MB" + (f", bare encode_batch {row['bare']:.2f} MB/s"
                                                                  if "bare" in row else ""), flush=True)
+        if mb != max(sizes) and not args.keep:  # disk: one prepared corpus at a time
+            shutil.rmtree(out)
     old = None
     if args.baseline:
         code = baseline_code(args.baseline, os.path.join(args.dir, "baseline"))
@@ -189,6 +192,24 @@ def report(rows, rss, old, default_start, baseline):
         print(f"code before streaming ({baseline}) at {lo:,} MB: peak RSS {old:,.0f} MB ({old / rss[lo]:.1f}x this code's)")
     if default_start:
         print(f"detour start-up on data/default/ (2.6M tokens), the same one-step run: {default_start:.1f} s")
+    projection(rows)
+
+
+def projection(rows, tokens=10e9):
+    """Wall time for `tokens` at the measured rates: on this machine's cores as measured, and on 32
+    cores if encode_batch scales with cores while reading and parsing stay on one (pass 1 reads
+    everything; pass 2 is the slower of the tokenizer and the parsing that feeds it)."""
+    r = next((r for r in rows if "bare" in r), None)
+    if r is None:
+        return
+    mb = tokens * r["chars"] / r["tokens"] / 1e6
+    cores = os.cpu_count()
+    print(f"{tokens / 1e9:.0f}B tokens = {mb / 1e3:,.0f} GB of this text ({r['chars'] / r['tokens']:.2f} characters "
+          f"a token); parsing on one core {r['parse']:.1f} MB/s")
+    print(f"  {cores} cores (measured): {mb / r['rate'] / 3600:.1f} h")
+    for n in (32,):
+        pass2 = mb / min(r["bare"] * n / cores, r["parse"])
+        print(f"  {n} cores (encode_batch x {n / cores:.0f}, parsing as here): {(mb / r['parse'] + pass2) / 3600:.1f} h")
 
 
 if __name__ == "__main__":
