@@ -20,7 +20,7 @@ serves both phases of the method: the causal LM phase predicts the next token
 The input is read as a stream, twice: pass 1 checks and counts the documents (and keeps
 the tokenizer's training sample), pass 2 tokenizes them in batches and appends the tokens
 to temp files in input order; then each split is copied out in its shuffled order. Memory
-is a batch, plus 4 bytes a document for the split's permutation.
+is a batch, plus about 25 bytes a document for the split (its permutation, sizes, offsets).
 """
 
 from __future__ import annotations
@@ -262,13 +262,14 @@ class Spool:
 
     def add(self, data, sizes):
         self.file.write(data)
-        self.sizes.append(np.asarray(sizes, dtype=np.int64))
+        self.sizes.append(np.asarray(sizes, dtype=np.uint32))  # a document's bytes: < 4 GB
 
     def copy_in_order(self, ranks, dst, chunk=1 << 16):
         """Write record ranks[0], ranks[1], ... to dst (fsynced), then delete the spool."""
         self.file.close()
-        sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.int64)
-        starts = np.cumsum(sizes) - sizes
+        sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.uint32)
+        self.sizes = [sizes]
+        starts = np.cumsum(sizes, dtype=np.uint64) - sizes
         with open(self.path, "rb") as src, open(dst, "wb") as out:
             for i in range(0, len(ranks), chunk):
                 pick = ranks[i:i + chunk]
@@ -318,10 +319,11 @@ def write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar):
     written = {}
     for name, member, part in (("train.bin", ~is_val, order[n_val:]), ("val.bin", is_val, order[:n_val]),
                                ("val.txt", is_val, order[:n_val])):
-        # A document's place in its spool: how many of its split come before it in the input.
+        # A document's place in its spool: how many of its split come before it in the input
+        # (4-byte counts: part picks members only, so the count is >= 1 there).
         written[name] = temp_path(out_dir, name)
-        spools[name].copy_in_order((np.cumsum(member) - 1)[part], written[name])
-    sizes = {split: int(np.concatenate(spools[f"{split}.bin"].sizes).sum()) // itemsize for split in ("train", "val")}
+        spools[name].copy_in_order(np.cumsum(member, dtype=np.uint32)[part] - 1, written[name])
+    sizes = {split: int(spools[f"{split}.bin"].sizes[0].sum(dtype=np.uint64)) // itemsize for split in ("train", "val")}
     return written, counts, sizes
 
 
