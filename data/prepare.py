@@ -336,9 +336,11 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
         docs = [d for d in map(clean, docs) if d]
     if isinstance(docs, Corpus):
         docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **BAR)
-    n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
-    if isinstance(docs, Corpus):
-        docs.bar = docs.bar.close()  # pass 2 has its own bar
+    try:
+        n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
+    finally:  # cleared, also before an error's one line
+        if isinstance(docs, Corpus):
+            docs.bar = docs.bar.close()  # pass 2 has its own bar
     if n_docs < 2:
         fail(f"need at least 2 documents (one for train, one for val), got {n_docs}; give more input")
     if not 0 < val_fraction < 1:
