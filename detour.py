@@ -635,7 +635,7 @@ def setup(cfg):
     _, val_data = load_data(cfg.data_dir, "val")
     raw_model, ckpt = build_model(cfg, meta)
     config = raw_model.config
-    counts = np.bincount(np.asarray(train_data[:50_000_000]))  # one pass: the vocabulary check and the unigram
+    counts = train_counts(cfg.data_dir, meta, train_data)  # the vocabulary check and the unigram
     if len(counts) > min(config.vocab_size, meta["vocab_size"]):
         fail(f"token id {len(counts) - 1} in {cfg.data_dir}/train.bin is outside the vocabulary "
              f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
@@ -822,6 +822,19 @@ def read_json(path, keys=(), fix="re-create it"):
     if missing := [k for k in keys if not isinstance(d, dict) or k not in d]:
         fail(f"{path} lacks {', '.join(missing)}; {fix}")
     return d
+
+
+def train_counts(data_dir, meta, train_data):
+    """How often each token id occurs in train.bin (up to the largest id): prepare.py counts the whole
+    stream while writing it, so start-up reads no tokens; data it prepared before it did are counted
+    from their first 50M tokens."""
+    if "train_counts" not in meta:
+        return np.bincount(np.asarray(train_data[:50_000_000]))
+    path = os.path.join(data_dir, meta["train_counts"])
+    try:
+        return np.trim_zeros(np.load(path), "b")
+    except (OSError, ValueError, EOFError) as e:
+        fail(f"{path} cannot be read ({type(e).__name__}); re-run data/prepare.py")
 
 
 def load_tokenizer(path):
@@ -1080,7 +1093,9 @@ one_of = lambda *names: ((lambda v: v in names), "one of " + " | ".join(n or '""
 DEVICE = (lambda v: v in ("auto", "cpu") or bool(re.fullmatch(r"cuda(:\d+)?", v)) and int(v[5:] or 0) < torch.cuda
           .device_count(), "auto | cpu | cuda | cuda:N, a device this machine has")
 DTYPE = one_of("auto", "float32", "bfloat16")
-RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=NOT_EMPTY, data_dir=NOT_EMPTY,
+NOT_A_FILE = (lambda v: not os.path.isfile(v), "a directory, not a file")  # data_dir, out_dir, init_from
+DIRECTORY = (lambda v: bool(v) and NOT_A_FILE[0](v), "not empty, " + NOT_A_FILE[1])
+RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=DIRECTORY, data_dir=DIRECTORY, out_dir=NOT_A_FILE,
              mlm_rate=RATE, decay_mlm_rate=RATE, seq_len=POSITIVE, batch_size=POSITIVE, global_batch_size=POSITIVE,
              max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"), decay_tokens=NON_NEGATIVE,
              data_seed=NON_NEGATIVE, seed=NON_NEGATIVE, learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE,

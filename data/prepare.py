@@ -3,36 +3,51 @@
     python data/prepare.py                          # generated corpus -> data/default/
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
+    python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json   # *.jsonl.gz shards
 
 Output directory (data/NAME/ or --out_dir):
-    tokenizer.json   byte-level BPE (trained here unless --tokenizer is given)
-    train.bin        flat uint16/uint32 token ids, for np.memmap
-    val.bin          the same for the held-out documents
-    val.txt          the held-out documents, one per line (for later analysis)
-    meta.json        vocab size, dtype, special token ids, counts, source
+    tokenizer.json    byte-level BPE (trained here unless --tokenizer is given)
+    train.bin         flat uint16/uint32 token ids, for np.memmap
+    val.bin           the same for the held-out documents
+    val.txt           the held-out documents, one per line (for later analysis)
+    train_counts.npy  how often each token id occurs in train.bin (detour's unigram baseline)
+    meta.json         vocab size, dtype, special token ids, counts, source; written last
 
 Every document is stored as [CLS] tokens [SEP], back to back. The same stream
 serves both phases of the method: the causal LM phase predicts the next token
 (SEP marks where a document ends), the MLM phase masks tokens in windows.
+
+The input is read as a stream, twice: pass 1 checks and counts the documents (and keeps
+the tokenizer's training sample), pass 2 tokenizes them in batches and appends the tokens
+to temp files in input order; then each split is copied out in its shuffled order. Memory
+is a batch, plus about 25 bytes a document for the split (its permutation, sizes, offsets).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import os
 import random
+import re
 import sys
 import time
+import zlib
+from array import array
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain, islice
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # "import world" and "import detour" from any working directory
 import world  # noqa: E402
-from detour import NON_NEGATIVE, RATE, atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
-from tasks import read_lines  # noqa: E402
+from detour import NON_NEGATIVE, POSITIVE, RATE, atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -40,9 +55,16 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 DEFAULT_N_DOCS = 20000  # about 2.6M tokens with the default 8192-token vocabulary
 DEFAULT_WORLD_SEED = 1234
+# A trained tokenizer learns from the train documents among the input's first 256 MB of text: BPE's
+# merges settle long before that, and its memory grows with the sample. A smaller input is used whole.
+TOKENIZER_SAMPLE_MB = 256
+BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)  # MB/s and ETA; off without a tty
+BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
+SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a directory given as --input contributes
 RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
              val_fraction=RATE, n_docs=(lambda v: v >= 2, ">= 2 (a train and a val document)"), seed=NON_NEGATIVE,
-             world_seed=NON_NEGATIVE, group_tokens=(lambda v: v is None or v > 0, "> 0"))  # checked by main
+             world_seed=NON_NEGATIVE, group_tokens=(lambda v: v is None or v > 0, "> 0"),
+             tokenizer_sample_mb=POSITIVE)  # checked by main
 
 
 def clean(text):
@@ -51,18 +73,27 @@ def clean(text):
     return " ".join(text.split())
 
 
-def read_documents(path, group_tokens=None):
-    """Read documents from a .jsonl ({"text": ...} per line) or a text file.
+def input_files(paths):
+    """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted by path."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(SUFFIXES))
+            if not found:
+                fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; give a directory of shards or a file")
+            files += found
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            fail(f"input file not found: {path} (check the --input path)")
+    return files
 
-    A text file has one document per line; with group_tokens=N, consecutive
-    non-empty lines are joined until a document has about N words, and a
-    blank line always ends a document.
-    """
-    if not os.path.isfile(path):
-        fail(f"input file not found: {path} (check the --input path)")
-    docs = []
-    lines = read_lines(path)  # a file that is not UTF-8 text is a one-line error
-    if path.endswith(".jsonl"):
+
+def parse(lines, path, group_tokens):
+    """Yield the cleaned documents of one file's lines: a .jsonl ({"text": ...} per line), or text
+    with one document per line; with group_tokens=N, consecutive non-empty lines are joined until
+    a document has about N words, and a blank line always ends a document."""
+    if path.endswith((".jsonl", ".jsonl.gz")):
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -72,7 +103,7 @@ def read_documents(path, group_tokens=None):
                 fail(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 fail(f'{path}:{lineno}: no "text" string field; each line must look like {{"text": "..."}}')
-            docs.append(clean(record["text"]))
+            yield clean(record["text"])
     elif group_tokens:
         group, n_words = [], 0
         for line in lines:
@@ -81,16 +112,53 @@ def read_documents(path, group_tokens=None):
                 group.append(" ".join(words))
                 n_words += len(words)
             if group and (not words or n_words >= group_tokens):
-                docs.append(" ".join(group))
+                yield " ".join(group)
                 group, n_words = [], 0
         if group:
-            docs.append(" ".join(group))
+            yield " ".join(group)
     else:
-        docs = [clean(line) for line in lines]
-    docs = [d for d in docs if d]
-    if not docs:
-        fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
-    return docs
+        yield from map(clean, lines)
+
+
+class Corpus:
+    """The documents of the input files (text or JSONL, each maybe gzipped), read as a stream every
+    time it is iterated; empty documents are dropped, and a file without any is an error. `bar`,
+    when set, advances by the bytes read from disk."""
+
+    def __init__(self, paths, group_tokens=None):
+        self.files, self.group_tokens, self.bar = input_files(paths), group_tokens, None
+
+    def size(self):
+        return sum(os.path.getsize(f) for f in self.files)
+
+    def __iter__(self):
+        for path in self.files:
+            n_docs = 0
+            with open(path, "rb") as raw:
+                text = io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw, encoding="utf-8")
+                try:
+                    for n_docs, doc in enumerate(filter(None, parse(self._progress(text, raw), path,
+                                                                    self.group_tokens)), 1):
+                        yield doc
+                except UnicodeDecodeError as e:
+                    fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); "
+                         "convert it (e.g. iconv -t utf-8)")
+                except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                    fail(f"{path} is a truncated or corrupt gzip file ({e}); download or compress it again")
+            if not n_docs:
+                fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
+
+    def _progress(self, lines, raw, every=4096):
+        if self.bar is None:
+            yield from lines
+            return
+        done = raw.tell()
+        for i, line in enumerate(lines):
+            yield line
+            if i % every == every - 1:
+                self.bar.update(raw.tell() - done)
+                done = raw.tell()
+        self.bar.update(raw.tell() - done)
 
 
 def train_tokenizer(docs, vocab_size):
@@ -109,6 +177,7 @@ def train_tokenizer(docs, vocab_size):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte encodes: no [UNK]s
         show_progress=False,
     )
+    # BPE counts words, so the documents' order does not change the result (tested).
     tokenizer.train_from_iterator(docs, trainer=trainer, length=len(docs))
     # No post-processor on purpose: callers add [CLS]/[SEP] themselves.
     return tokenizer
@@ -124,93 +193,230 @@ def special_ids(tokenizer):
     return ids
 
 
-def encode_stream(tokenizer, docs, cls_id, sep_id, dtype=np.uint32, batch_size=1024):
-    """Encode docs into one flat array: [CLS] doc0 [SEP] [CLS] doc1 [SEP] ..."""
-    parts = []
-    for i in range(0, len(docs), batch_size):
-        # add_special_tokens=False: a real tokenizer.json (ModernBERT's) has a
-        # post-processor that would add a second CLS/SEP pair.
-        for enc in tokenizer.encode_batch(docs[i:i + batch_size], add_special_tokens=False):
-            parts.append(np.array([cls_id] + enc.ids + [sep_id], dtype=dtype))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-def _write_text(path, text):
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.005, seed=42,
-            source="documents"):
-    """Split docs, get a tokenizer, write the token streams; return the meta dict."""
-    docs = [d for d in (clean(d) for d in docs) if d]
-    if len(docs) < 2:
-        fail(f"need at least 2 documents (one for train, one for val), got {len(docs)}; give more input")
-    if not 0 < val_fraction < 1:
-        fail(f"val_fraction must be between 0 and 1, got {val_fraction}")
-
-    # Shuffle before the split so val is not just the tail of the file.
-    order = list(range(len(docs)))
-    random.Random(seed).shuffle(order)
-    n_val = min(len(docs) - 1, max(1, round(len(docs) * val_fraction)))
-    val_docs = [docs[i] for i in order[:n_val]]
-    train_docs = [docs[i] for i in order[n_val:]]
-
-    tok_out = os.path.join(out_dir, "tokenizer.json")
+def get_tokenizer(tokenizer_path, train_sample, vocab_size):
+    """The given tokenizer.json, or one trained on train_sample -> (tokenizer, special ids, file bytes)."""
     if tokenizer_path:
+        if os.path.isdir(tokenizer_path):
+            fail(f"--tokenizer {tokenizer_path} is a directory; give the tokenizer.json file in it")
         if not os.path.isfile(tokenizer_path):
             fail(f"tokenizer file not found: {tokenizer_path} (check the --tokenizer path)")
         tokenizer = load_tokenizer(tokenizer_path)
-        ids = special_ids(tokenizer)
-        data = open(tokenizer_path, "rb").read()
-    else:
-        # Train on the train split only, so val text stays truly unseen.
-        tokenizer = train_tokenizer(train_docs, vocab_size)
-        ids = special_ids(tokenizer)
-        assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-        data = tokenizer.to_str(pretty=True).encode("utf-8")
-    os.makedirs(out_dir, exist_ok=True)  # the first write: the input and the tokenizer are known good
-    if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
-        atomic_write(tok_out, lambda f: f.write(data))
+        with open(tokenizer_path, "rb") as f:
+            return tokenizer, special_ids(tokenizer), f.read()
+    tokenizer = train_tokenizer(train_sample, vocab_size)
+    ids = special_ids(tokenizer)
+    assert [ids[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    return tokenizer, ids, tokenizer.to_str(pretty=True).encode("utf-8")
 
+
+def survey(docs, sample_chars):
+    """Pass 1: read every document once (so bad input fails before anything is written) ->
+    (documents, characters, [(index, doc)] of the first sample_chars characters)."""
+    n_docs = n_chars = 0
+    sample = []
+    for n_docs, doc in enumerate(docs, 1):
+        if n_chars < sample_chars:
+            sample.append((n_docs - 1, doc))
+        n_chars += len(doc)
+    return n_docs, n_chars, sample
+
+
+def split_order(n_docs, val_fraction, seed):
+    """The documents' order after a seeded shuffle, and how many of its first ones are val: val is a
+    random sample, not the tail of the input. random.shuffle on a list of 4-byte ids, not of
+    Python ints (40 bytes each): the same permutation in a tenth of the memory."""
+    order = array("I", range(n_docs))
+    random.Random(seed).shuffle(order)
+    n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
+    return np.frombuffer(order, dtype=np.uint32), n_val
+
+
+def encoded_batches(tokenizer, docs, cls_id, sep_id, dtype):
+    """Yield (documents, token counts, [CLS] doc [SEP] ... tokens) batch by batch, in input order. The
+    tokenizer's threads encode one batch while this thread reads and cleans the next."""
+    def encode(batch):
+        # add_special_tokens=False: a real tokenizer.json (ModernBERT's) has a
+        # post-processor that would add a second CLS/SEP pair.
+        ids = [e.ids for e in tokenizer.encode_batch(batch, add_special_tokens=False)]
+        lengths = np.fromiter((len(x) + 2 for x in ids), np.int64, len(ids))
+        tokens = np.fromiter(chain.from_iterable((cls_id, *x, sep_id) for x in ids), dtype, int(lengths.sum()))
+        return batch, lengths, tokens
+
+    docs = iter(docs)
+    with ThreadPoolExecutor(1) as pool:
+        pending = deque()
+        while batch := list(islice(docs, BATCH_DOCS)):
+            pending.append(pool.submit(encode, batch))
+            if len(pending) > 1:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class Spool:
+    """Records (a document's tokens or text) appended to a temp file in input order, then copied
+    into the final file's temp in the split's shuffled order."""
+
+    def __init__(self, path):
+        self.path, self.file, self.sizes = path, open(path, "wb"), []
+
+    def add(self, data, sizes):
+        self.file.write(data)
+        self.sizes.append(np.asarray(sizes, dtype=np.uint32))  # a document's bytes: < 4 GB
+
+    def copy_in_order(self, ranks, dst, chunk=1 << 16):
+        """Write record ranks[0], ranks[1], ... to dst (fsynced), then delete the spool."""
+        self.file.close()
+        sizes = np.concatenate(self.sizes) if self.sizes else np.zeros(0, np.uint32)
+        self.sizes = [sizes]
+        starts = np.cumsum(sizes, dtype=np.uint64) - sizes
+        with open(self.path, "rb") as src, open(dst, "wb") as out:
+            for i in range(0, len(ranks), chunk):
+                pick = ranks[i:i + chunk]
+                out.write(b"".join(os.pread(src.fileno(), n, at)
+                                   for n, at in zip(sizes[pick].tolist(), starts[pick].tolist())))
+            out.flush()
+            os.fsync(out.fileno())
+        os.remove(self.path)
+
+
+def temp_path(out_dir, name, kind="tmp"):
+    """Where `name` is written before its rename: hidden, and named after this process (as atomic_write)."""
+    return os.path.join(out_dir, f".{name}.{kind}{os.getpid()}")
+
+
+OUTPUTS = ("tokenizer.json", "train.bin", "val.bin", "val.txt", "train_counts.npy", "meta.json")
+TEMP_NAME = re.compile(r"\.(%s)\.(tmp|spool|new)\d+(\.tmp\d+)?" % "|".join(map(re.escape, OUTPUTS)))
+
+
+def remove_temp_files(out_dir):
+    for name in os.listdir(out_dir):
+        if TEMP_NAME.fullmatch(name):
+            os.remove(os.path.join(out_dir, name))
+
+
+def write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar):
+    """Pass 2: tokenize, spool each split in input order, count the train tokens, then write
+    train.bin, val.bin and val.txt in the split's order under temp names -> (temp names, stats)."""
+    is_val = np.zeros(len(order), dtype=bool)
+    is_val[order[:n_val]] = True
+    spools = {name: Spool(temp_path(out_dir, name, "spool")) for name in ("train.bin", "val.bin", "val.txt")}
+    counts, itemsize, n = np.zeros(tokenizer.get_vocab_size(), np.int64), np.dtype(dtype).itemsize, 0
+    for batch, lengths, tokens in encoded_batches(tokenizer, docs, ids["[CLS]"], ids["[SEP]"], dtype):
+        val = is_val[n:n + len(batch)]
+        n += len(batch)
+        in_val = np.repeat(val, lengths)
+        train = tokens[~in_val]
+        spools["train.bin"].add(train.tobytes(), lengths[~val] * itemsize)
+        batch_counts = np.bincount(train, minlength=len(counts))  # longer if an id is >= the vocab size
+        counts = np.pad(counts, (0, len(batch_counts) - len(counts))) + batch_counts
+        if val.any():
+            spools["val.bin"].add(tokens[in_val].tobytes(), lengths[val] * itemsize)
+            text = [(d + "\n").encode("utf-8") for d, v in zip(batch, val) if v]
+            spools["val.txt"].add(b"".join(text), list(map(len, text)))
+        bar.update(sum(map(len, batch)))
+    bar.close()
+    written = {}
+    for name, member, part in (("train.bin", ~is_val, order[n_val:]), ("val.bin", is_val, order[:n_val]),
+                               ("val.txt", is_val, order[:n_val])):
+        # A document's place in its spool: how many of its split come before it in the input
+        # (4-byte counts: part picks members only, so the count is >= 1 there).
+        written[name] = temp_path(out_dir, name)
+        spools[name].copy_in_order(np.cumsum(member, dtype=np.uint32)[part] - 1, written[name])
+    sizes = {split: int(spools[f"{split}.bin"].sizes[0].sum(dtype=np.uint64)) // itemsize for split in ("train", "val")}
+    return written, counts, sizes
+
+
+def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.005, seed=42,
+            source="documents", tokenizer_sample_mb=TOKENIZER_SAMPLE_MB):
+    """Split docs (a list of strings or a Corpus), get a tokenizer, write the token streams; return the meta dict."""
+    if os.path.isfile(out_dir):
+        fail(f"--out_dir {out_dir} is a file; give a directory (it is created if missing)")
+    if isinstance(docs, (list, tuple)):  # already in memory: clean once here
+        docs = [d for d in map(clean, docs) if d]
+    if isinstance(docs, Corpus):
+        docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **BAR)
+    try:
+        n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
+    finally:  # cleared, also before an error's one line
+        if isinstance(docs, Corpus):
+            docs.bar = docs.bar.close()  # pass 2 has its own bar
+    if n_docs < 2:
+        fail(f"need at least 2 documents (one for train, one for val), got {n_docs}; give more input")
+    if not 0 < val_fraction < 1:
+        fail(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    order, n_val = split_order(n_docs, val_fraction, seed)
+    val_ids = set(order[:n_val].tolist()) if sample else set()
+    # Train on the train split only, so val text stays truly unseen.
+    tokenizer, ids, data = get_tokenizer(tokenizer_path, [d for i, d in sample if i not in val_ids], vocab_size)
+    del sample, val_ids
+    os.makedirs(out_dir, exist_ok=True)  # the first write: the input and the tokenizer are known good
+    remove_temp_files(out_dir)  # a rerun starts clean: an interrupted run's temp files go
     n_vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if n_vocab <= 2 ** 16 else np.uint32
-    streams = {}
-    for split, split_docs in (("train", train_docs), ("val", val_docs)):
-        streams[split] = encode_stream(tokenizer, split_docs, ids["[CLS]"], ids["[SEP]"], dtype)
-        atomic_write(os.path.join(out_dir, f"{split}.bin"), streams[split].tofile)
-    _write_text(os.path.join(out_dir, "val.txt"), "".join(d + "\n" for d in val_docs))
-
-    meta = {
-        "vocab_size": n_vocab,
-        "dtype": np.dtype(dtype).name,
-        "pad_token_id": ids["[PAD]"],
-        "unk_token_id": ids["[UNK]"],
-        "cls_token_id": ids["[CLS]"],
-        "sep_token_id": ids["[SEP]"],
-        "mask_token_id": ids["[MASK]"],
-        "eos_token_id": ids["[SEP]"],  # SEP ends each document in the stream
-        "tokenizer": "tokenizer.json",
-        "n_train_tokens": int(streams["train"].size),
-        "n_val_tokens": int(streams["val"].size),
-        "n_train_docs": len(train_docs),
-        "n_val_docs": len(val_docs),
-        "source": source,
-    }
-    # meta.json goes last: if it exists, every file it describes is complete.
-    _write_text(os.path.join(out_dir, "meta.json"), json.dumps(meta, indent=2) + "\n")
+    bar = tqdm(total=n_chars, desc="prepare: tokenizing", **BAR)
+    try:
+        written, counts, n_tokens = write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar)
+        stage(out_dir, written, "train_counts.npy", lambda f: np.save(f, counts))
+        tok_out = os.path.join(out_dir, "tokenizer.json")
+        if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
+            stage(out_dir, written, "tokenizer.json", lambda f: f.write(data))
+        meta = {
+            "vocab_size": n_vocab,
+            "dtype": np.dtype(dtype).name,
+            "pad_token_id": ids["[PAD]"],
+            "unk_token_id": ids["[UNK]"],
+            "cls_token_id": ids["[CLS]"],
+            "sep_token_id": ids["[SEP]"],
+            "mask_token_id": ids["[MASK]"],
+            "eos_token_id": ids["[SEP]"],  # SEP ends each document in the stream
+            "tokenizer": "tokenizer.json",
+            "n_train_tokens": n_tokens["train"],
+            "n_val_tokens": n_tokens["val"],
+            "n_train_docs": n_docs - n_val,
+            "n_val_docs": n_val,
+            "source": source,
+            "n_chars": n_chars,  # of cleaned text, read by the tokenizer
+            "train_counts": "train_counts.npy",  # detour.py's unigram baseline and vocabulary check
+            "max_train_token_id": int(np.flatnonzero(counts)[-1]),
+        }
+        commit(out_dir, written, json.dumps(meta, indent=2) + "\n")
+    finally:
+        remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
     return meta
+
+
+def stage(out_dir, written, name, write_fn):
+    """Write `name` under a temp name (atomic_write: complete or absent) for commit() to rename."""
+    written[name] = temp_path(out_dir, name, "new")
+    atomic_write(written[name], write_fn)
+
+
+def commit(out_dir, written, meta_text):
+    """Put the finished files in place. meta.json goes first (a crash among the renames leaves no
+    meta.json, so detour.py loads nothing half-replaced) and comes back last: if it exists, every
+    file it describes is complete and of the same run."""
+    meta_path = os.path.join(out_dir, "meta.json")
+    if os.path.exists(meta_path):
+        os.remove(meta_path)
+    for name, tmp in written.items():
+        os.replace(tmp, os.path.join(out_dir, name))
+    atomic_write(meta_path, lambda f: f.write(meta_text.encode("utf-8")))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
-    p.add_argument("--input", help=".txt (one document per line) or .jsonl ({\"text\": ...} per line); "
-                                   "default: generate a corpus with world.py")
+    p.add_argument("--input", nargs="+", action="extend",
+                   help=".txt (one document per line) or .jsonl ({\"text\": ...} per line), either maybe .gz; "
+                        "several files, or a directory of them (shards); default: generate a corpus with world.py")
     p.add_argument("--group_tokens", type=int, default=None,
                    help="for .txt: join consecutive lines into documents of about N words")
     p.add_argument("--name", default="default", help="output goes to data/NAME/")
     p.add_argument("--out_dir", default=None, help="output directory (overrides --name)")
     p.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
     p.add_argument("--vocab_size", type=int, default=8192, help="size of the trained tokenizer")
+    p.add_argument("--tokenizer_sample_mb", type=float, default=TOKENIZER_SAMPLE_MB,
+                   help="a trained tokenizer learns from the train documents among the input's first N MB")
     p.add_argument("--val_fraction", type=float, default=0.005, help="fraction of documents held out")
     p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split")
     p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS, help="generated documents")
@@ -221,16 +427,18 @@ def main(argv=None):
 
     t0 = time.time()
     if args.input:
-        docs = read_documents(args.input, args.group_tokens)
-        source = args.input
+        docs = Corpus(args.input, args.group_tokens)
+        source = " ".join(args.input)
     else:
         docs = world.corpus(args.n_docs, args.world_seed)
         source = f"generated:world.corpus({args.n_docs}, {args.world_seed})"
     out_dir = args.out_dir or os.path.join(HERE, args.name)
-    meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed, source)
+    meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed, source,
+                   args.tokenizer_sample_mb)
     print(f"prepare.py: {meta['n_train_docs']:,} train + {meta['n_val_docs']:,} val docs, "
           f"{meta['n_train_tokens']:,} train + {meta['n_val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} in {time.time() - t0:.1f} s")
+          f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} in {time.time() - t0:.1f} s, "
+          f"{meta['n_chars'] / 1e6 / (time.time() - t0):.2f} MB/s")
 
 
 if __name__ == "__main__":

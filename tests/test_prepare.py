@@ -1,5 +1,7 @@
 """Tests for data/world.py (the text generator) and data/prepare.py (tokenize + pack)."""
 
+import gzip
+import hashlib
 import json
 import os
 import random
@@ -15,6 +17,8 @@ DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 sys.path.insert(0, DATA)
 import prepare  # noqa: E402
 import world  # noqa: E402
+
+import detour  # noqa: E402
 
 
 def valid_bio(tags):
@@ -180,31 +184,31 @@ def test_vocab_too_small_fails(tmp_path):
 def test_read_txt_lines_and_groups(tmp_path):
     path = tmp_path / "in.txt"
     path.write_text("a b c\nd e\n\nf g h i\nj\n")
-    assert prepare.read_documents(str(path)) == ["a b c", "d e", "f g h i", "j"]
+    assert list(prepare.Corpus([str(path)])) == ["a b c", "d e", "f g h i", "j"]
     # Groups close at >= 4 words or at a blank line.
-    assert prepare.read_documents(str(path), group_tokens=4) == ["a b c d e", "f g h i", "j"]
-    assert prepare.read_documents(str(path), group_tokens=100) == ["a b c d e", "f g h i j"]
+    assert list(prepare.Corpus([str(path)], group_tokens=4)) == ["a b c d e", "f g h i", "j"]
+    assert list(prepare.Corpus([str(path)], group_tokens=100)) == ["a b c d e", "f g h i j"]
 
 
 def test_read_jsonl_and_bad_lines(tmp_path):
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "first  doc\\nline two"}\n\n{"text": "second", "id": 3}\n')
-    assert prepare.read_documents(str(path)) == ["first doc line two", "second"]
+    assert list(prepare.Corpus([str(path)])) == ["first doc line two", "second"]
     path.write_text('{"text": "ok"}\n{not json}\n')
     with pytest.raises(SystemExit, match=re.escape(f"{path}:2: not valid JSON")):
-        prepare.read_documents(str(path))
+        list(prepare.Corpus([str(path)]))
     path.write_text('{"text": "ok"}\n{"body": "x"}\n')
     with pytest.raises(SystemExit, match=re.escape(f'{path}:2: no "text"')):
-        prepare.read_documents(str(path))
+        list(prepare.Corpus([str(path)]))
 
 
 def test_missing_and_empty_input(tmp_path):
     with pytest.raises(SystemExit, match="input file not found"):
-        prepare.read_documents(str(tmp_path / "nope.txt"))
+        prepare.Corpus([str(tmp_path / "nope.txt")])
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
     with pytest.raises(SystemExit, match="no documents in"):
-        prepare.read_documents(str(empty))
+        list(prepare.Corpus([str(empty)]))
 
 
 def test_cli(tmp_path):
@@ -225,3 +229,197 @@ def test_cli(tmp_path):
                          text=True, timeout=60)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines() == [f"error: input file not found: {tmp_path / 'missing.jsonl'} (check the --input path)"]
+
+
+# --- prepare.py at scale: streaming, shards, byte identity, failures --------
+
+# The meta.json fields prepare.py wrote before it streamed (4fd3d0f), and the digests of that
+# code's outputs on digest_inputs (tokenizer.json, train.bin, val.bin, val.txt, those fields):
+# the streaming rewrite must reproduce them byte for byte, so every table in the README stays valid.
+OLD_META = ["vocab_size", "dtype", "pad_token_id", "unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id",
+            "eos_token_id", "tokenizer", "n_train_tokens", "n_val_tokens", "n_train_docs", "n_val_docs"]
+DIGESTS = {"list": "d03a06944ce26f423cf26f38f4644986ce3c996e906f440f4674b0415f9556ba",
+           "jsonl": "4dc0b0cb1e64eb5fa7cef62064eae1af8901d87fe2344892fdb4d59f6b6cce4e",
+           "txt": "8abd373a7bd03ef82d3fb372af448bbe70bedf939b45bf10ff8eb9543b32773b",
+           "lines": "f0112eede41ea9025a6721b795625acf2d66f13d17c7f7915f9b8b4dd2abbc04"}
+
+
+def digest_inputs(directory):
+    """The byte-identity corpus: world documents with the quirks real files have (runs of
+    whitespace, tabs, non-ASCII, a no-break space, a whitespace-only document, a blank line, CRLF)."""
+    docs = world.corpus(300, seed=11)
+    docs[3] = "  tabs\tand\n newlines  " + docs[3]
+    docs[7] = "caf\u00e9 na\u00efve \u2014 10 \u00b5g/kg\u00a0dose, " + docs[7]
+    docs.insert(10, "   ")
+    jsonl = os.path.join(directory, "docs.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" + ("\n" if i == 50 else "") for i, d in enumerate(docs)))
+    txt = os.path.join(directory, "notes.txt")
+    with open(txt, "w", encoding="utf-8", newline="\r\n") as f:
+        for d in docs:
+            words = d.split()
+            f.write("".join(" ".join(words[i:i + 7]) + "\n" for i in range(0, len(words), 7)) + "\n")
+    return docs, jsonl, txt
+
+
+def digest(out):
+    meta = json.loads((out / "meta.json").read_text())
+    h = hashlib.sha256()
+    for name in ("tokenizer.json", "train.bin", "val.bin", "val.txt"):
+        h.update((out / name).read_bytes())
+    h.update(json.dumps({k: meta[k] for k in OLD_META}).encode())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def digested(tmp_path_factory):
+    """The four digest runs: a list in memory, a .jsonl, a .txt grouped, a .txt one document per line."""
+    d = tmp_path_factory.mktemp("digest")
+    docs, jsonl, txt = digest_inputs(str(d))
+    prepare.prepare(docs, str(d / "list"), vocab_size=400, val_fraction=0.05, seed=1, source="test")
+    prepare.main(["--input", jsonl, "--out_dir", str(d / "jsonl"), "--vocab_size", "400", "--val_fraction", "0.05"])
+    tok = str(d / "jsonl" / "tokenizer.json")
+    prepare.main(["--input", txt, "--out_dir", str(d / "txt"), "--group_tokens", "20", "--val_fraction", "0.1",
+                  "--seed", "3", "--tokenizer", tok])
+    prepare.main(["--input", txt, "--out_dir", str(d / "lines"), "--val_fraction", "0.02", "--tokenizer", tok])
+    return d, jsonl, txt
+
+
+@pytest.mark.parametrize("run", sorted(DIGESTS))
+def test_outputs_are_byte_identical_to_the_code_before_streaming(digested, run):
+    assert digest(digested[0] / run) == DIGESTS[run]
+
+
+def test_gzipped_shards_in_a_directory_give_the_same_outputs(digested, tmp_path):
+    d, jsonl, _ = digested
+    lines = open(jsonl, "rb").read().splitlines(keepends=True)
+    shards = tmp_path / "shards"
+    (shards / "b").mkdir(parents=True)
+    for i, (name, part) in enumerate((("a.jsonl.gz", lines[:90]), ("b/c.jsonl", lines[90:200]),
+                                      ("b/d.jsonl.gz", lines[200:]))):
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(shards / name, "wb") as f:
+            f.writelines(part)
+    (shards / "README.md").write_text("not a shard: ignored\n")
+    prepare.main(["--input", str(shards), "--out_dir", str(tmp_path / "dir"), "--vocab_size", "400",
+                  "--val_fraction", "0.05"])
+    prepare.main(["--input", str(shards / "a.jsonl.gz"), str(shards / "b"), "--out_dir", str(tmp_path / "files"),
+                  "--vocab_size", "400", "--val_fraction", "0.05"])
+    for out in ("dir", "files"):
+        for name in ("tokenizer.json", "train.bin", "val.bin", "val.txt", "train_counts.npy"):
+            assert (tmp_path / out / name).read_bytes() == (d / "jsonl" / name).read_bytes(), (out, name)
+    assert json.loads((tmp_path / "files" / "meta.json").read_text())["source"] == f"{shards / 'a.jsonl.gz'} {shards / 'b'}"
+
+
+def test_counts_are_stored_and_detour_reads_them(digested):
+    out = digested[0] / "txt"
+    meta = json.loads((out / "meta.json").read_text())
+    train = np.fromfile(out / "train.bin", dtype=meta["dtype"])
+    counts = np.load(out / meta["train_counts"])
+    assert len(counts) == meta["vocab_size"] and (counts == np.bincount(train, minlength=len(counts))).all()
+    assert meta["max_train_token_id"] == train.max()
+    assert meta["n_chars"] == sum(len(d) for d in prepare.Corpus([digested[2]], group_tokens=20))
+    # detour: the stored counts (trimmed after the largest id), or a scan for data prepared without them.
+    stored = detour.train_counts(str(out), meta, None)
+    old = detour.train_counts(str(out), {k: meta[k] for k in OLD_META}, np.memmap(out / "train.bin", meta["dtype"]))
+    assert len(stored) == train.max() + 1 and (stored == old).all()
+
+
+def test_tokenizer_learns_from_a_capped_sample_of_the_train_split(digested, tmp_path):
+    d, jsonl, _ = digested
+    docs = list(prepare.Corpus([jsonl]))
+    prepare.main(["--input", jsonl, "--out_dir", str(tmp_path), "--vocab_size", "400", "--val_fraction", "0.05",
+                  "--tokenizer_sample_mb", "0.02"])
+    order, n_val = prepare.split_order(len(docs), 0.05, 42)
+    val, sample, chars = set(order[:n_val].tolist()), [], 0
+    for i, doc in enumerate(docs):  # the train documents among the first 20,000 characters
+        if chars < 20000:
+            sample += [doc] if i not in val else []
+        chars += len(doc)
+    assert 0 < len(sample) < len(docs) - n_val
+    assert (tmp_path / "tokenizer.json").read_text() == prepare.train_tokenizer(sample, 400).to_str(pretty=True)
+    # The tokens do not depend on the cap beyond the tokenizer: same split, same documents.
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert [meta[k] for k in ("n_train_docs", "n_val_docs")] == [len(docs) - n_val, n_val]
+    assert (tmp_path / "val.txt").read_bytes() == (d / "jsonl" / "val.txt").read_bytes()
+
+
+def test_shuffled_order_is_random_shuffle_of_a_list():
+    for n in (2, 7, 1000):
+        ids = list(range(n))
+        random.Random(5).shuffle(ids)
+        order, n_val = prepare.split_order(n, 0.1, 5)
+        assert order.tolist() == ids and n_val == min(n - 1, max(1, round(n * 0.1)))
+
+
+def one_line_error(argv, match):
+    with pytest.raises(SystemExit) as e:
+        prepare.main(argv)
+    line = str(e.value.code)
+    assert line.startswith("error: ") and "\n" not in line and "; " in line and re.search(match, line), line
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
+    good = tmp_path / "good.jsonl.gz"
+    with gzip.open(good, "wt") as f:
+        f.write("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(40, seed=1)))
+    body = good.read_bytes()
+    (tmp_path / "truncated.jsonl.gz").write_bytes(body[:len(body) // 2])
+    with gzip.open(tmp_path / "bad.jsonl.gz", "wt") as f:
+        f.write('{"text": "fine"}\n{"text": "fine"}\n{"text": broken}\n')
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.csv").write_text("a,b\n")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "1.jsonl.gz").write_bytes(body)
+    with gzip.open(tmp_path / "shards" / "2.jsonl.gz", "wt") as f:
+        f.write("\n \n")
+    (tmp_path / "a_file").write_text("x")
+    out = tmp_path / "out"
+    cases = [
+        (["--input", str(tmp_path / "bad.jsonl.gz")], re.escape(f"{tmp_path / 'bad.jsonl.gz'}:3: not valid JSON")),
+        (["--input", str(good), str(tmp_path / "truncated.jsonl.gz")], "truncated.jsonl.gz is a truncated or corrupt gzip"),
+        (["--input", str(tmp_path / "shards")], re.escape(f"no documents in {tmp_path / 'shards' / '2.jsonl.gz'}")),
+        (["--input", str(tmp_path / "empty")], "no .txt / .jsonl / .txt.gz / .jsonl.gz files in the directory"),
+        (["--input", str(good), "--out_dir", str(tmp_path / "a_file")], "a_file is a file; give a directory"),
+        (["--input", str(good), "--tokenizer", str(tmp_path / "empty")], "empty is a directory; give the tokenizer.json"),
+    ]
+    for argv, match in cases:
+        one_line_error(["--out_dir", str(out), *argv], match)
+    assert not out.exists() and (tmp_path / "a_file").read_text() == "x"
+
+
+def test_a_run_killed_before_meta_json_leaves_nothing_detour_loads(digested, tmp_path, monkeypatch):
+    _, jsonl, _ = digested
+    out = tmp_path / "out"
+    argv = ["--input", jsonl, "--out_dir", str(out), "--vocab_size", "400", "--val_fraction", "0.05"]
+    prepare.main(argv)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    (out / ".train.bin.spool999999").write_bytes(b"left by a killed run")
+
+    def killed(*args):
+        raise KeyboardInterrupt  # as a Ctrl-C while the spools are copied out
+
+    monkeypatch.setattr(prepare.Spool, "copy_in_order", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main(argv + ["--seed", "7"])
+    # Killed before the renames: the previous dataset is whole, and no temp file is left.
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    monkeypatch.undo()
+    renamed = []
+
+    def replace_then_die(src, dst):  # os.replace, killed after the first final name is in place
+        if renamed:
+            raise KeyboardInterrupt
+        if not os.path.basename(dst).startswith("."):
+            renamed.append(dst)
+        os.rename(src, dst)
+
+    monkeypatch.setattr(prepare.os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        prepare.main(argv + ["--seed", "7"])
+    monkeypatch.undo()
+    assert not (out / "meta.json").exists() and not [f for f in os.listdir(out) if f.startswith(".")]
+    with pytest.raises(SystemExit, match="meta.json not found; run `python data/prepare.py`"):
+        detour.load_data(str(out), "train")
+    prepare.main(argv)  # a rerun starts clean and writes the same dataset
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
