@@ -459,8 +459,7 @@ class ModernBERT(nn.Module):
 # twins see the same windows in the same order, a resumed run continues exactly, and 1 or N ranks
 # with the same global batch see the same rows.
 def document_ids(idx, sep_token_id):
-    """Document index of every token in a packed stream: [SEP] closes a document, so a token's
-    id counts the [SEP]s strictly before it."""
+    """Document index of every token in a packed stream: the [SEP]s strictly before it ([SEP] closes a document)."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
 
@@ -481,8 +480,7 @@ def load_data(data_dir, split):
 
 
 class Windows:
-    """Non-overlapping windows of seq_len + 1 tokens (the +1 gives the last CLM target),
-    visited in a fresh permutation every epoch."""
+    """Non-overlapping windows of seq_len + 1 tokens (+1: the last CLM target), in a fresh permutation every epoch."""
 
     def __init__(self, data, seq_len, data_seed):
         self.data, self.T, self.seed = data, seq_len, data_seed
@@ -504,8 +502,7 @@ class Windows:
 
 
 def clm_batch(buf, sep_id):
-    """Causal LM: predict the next token at every position, except across a document boundary
-    (a [SEP] predicts nothing: the next document is unrelated)."""
+    """Causal LM: the next token at every position but a [SEP] (the next document is unrelated)."""
     x, y = buf[:, :-1], buf[:, 1:].clone()
     y[x == sep_id] = IGNORE
     return x, y
@@ -550,8 +547,7 @@ def make_batch(cfg, buf, config, n_real_vocab, sample):
 
 
 def unigram_log_probs(counts, vocab_size):
-    """log p(token) of the train stream's unigram from its token counts (add-one smoothed): the
-    baseline every loss is read against."""
+    """log p(token) of the train stream's add-one smoothed unigram: the baseline every loss is read against."""
     padded = np.zeros(vocab_size)
     padded[:len(counts)] = counts[:vocab_size]
     smoothed = torch.from_numpy(padded) + 1
@@ -609,8 +605,7 @@ def evaluate(model, cfg, run):
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
-    return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
-                unigram=(total[2] / total[3]).item())
+    return dict(zip(("loss", "acc", "unigram"), (total[:3] / total[3]).tolist()))
 
 
 def setup(cfg):
@@ -782,8 +777,7 @@ def fail(message):
 
 
 def atomic_write(path, write_fn):
-    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync, rename:
-    readers never see a half-written file, and a crash keeps the previous one."""
+    """write_fn(a temp file opened "wb"), fsync, rename: never a half-written file, a crash keeps the previous one."""
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -855,8 +849,7 @@ def write_safetensors(tensors, path):
 
 
 def config_from_hf(d):
-    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the newer
-    (layer_types, rope_parameters) form."""
+    """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types, rope_parameters)."""
     if d.get("model_type") != "modernbert":
         fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
              "detour loads ModernBERT checkpoints only")
@@ -901,8 +894,7 @@ def load_hf(directory):
 
 
 def save_hf(model, directory, tokenizer_path=None):
-    """Write config.json + model.safetensors (and the tokenizer files) loadable by transformers'
-    AutoModelForMaskedLM, AutoTokenizer and pipeline("fill-mask")."""
+    """config.json, model.safetensors (and the tokenizer's files) for AutoModelForMaskedLM and pipeline("fill-mask")."""
     model = getattr(model, "_orig_mod", model)
     os.makedirs(directory, exist_ok=True)
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
