@@ -186,8 +186,7 @@ def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=N
 
 
 def dense_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
-    """Boolean (B, 1, T, T) mask, True = may attend: the global layers' mask, and with `window`
-    the sliding-window mask that block_sliding_attention must reproduce."""
+    """Boolean (B, 1, T, T) may_attend mask: the global layers', and with `window` block_sliding_attention's."""
     i, b = torch.arange(T, device=device), torch.arange(B, device=device).view(B, 1, 1)
     return may_attend(b, i[:, None], i[None, :], T, causal, window, attention_mask, doc_ids).expand(B, T, T)[:, None]
 
@@ -935,9 +934,8 @@ def attention_pairs(lengths, window=None, causal=False):
 
 
 def model_flops(config, lengths, causal=False, predicted=None):
-    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on documents of
-    these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d per pair the masks
-    allow (attention_pairs); the head (d^2 + dV) on `predicted` tokens (default all). Norms, softmax left out."""
+    """FLOPs of a training step (3 x forward, a multiply-add 2) on documents of these lengths. Per token and layer: Wqkv
+    3d^2, Wo d^2, Wi 2dI, Wo Id; 2d per allowed pair; the head d^2 + dV on `predicted` tokens (default all)."""
     d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
     windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
     forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
