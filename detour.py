@@ -327,7 +327,7 @@ class Encoder(nn.Module):
         self.attn_backend = attn_backend  # see attention_fns; may be changed at any time
 
     def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False, spans=None):
-        """idx (B, T) -> final hidden states (B, T, d) [, embedding and every layer's output (before the final norm)]"""
+        """idx (B, T) -> final hidden states (B, T, d); output_hidden_states: also the embedding and layer outputs."""
         config, (B, T) = self.config, idx.shape
         head_dim = config.hidden_size // config.num_attention_heads
         attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
@@ -1227,8 +1227,8 @@ def open_outputs(cfg, run):
 
 
 def main(argv):
-    """The constants, overridden by argv, over what a run inherits (a resumed or torchrun-restarted run its saved
-    configuration, a continuing phase Phase 1's but the keys it owns), then train()."""
+    """The constants, under what a run inherits (a resumed or torchrun-restarted run its saved configuration, a
+    continuing phase Phase 1's but the keys it owns), under argv; then train()."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
     check(cfg, RULES)
