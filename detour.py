@@ -169,11 +169,9 @@ def apply_rope(x, cos, sin):
 
 
 def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
-    """True where the query at position qi of row b may attend to the key at kj (integer tensors that
-    broadcast; keys outside [0, T) are never seen). The one predicate of every attention path: the
-    dense mask, the sliding-window block mask (the varlen kernel's spans and windows restate it). The CLM
-    detour is `causal`: kj <= qi. A local token sees |qi - kj| <= window (64 for a 128 window); causal, that
-    is itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
+    """True where query qi of row b may attend to key kj (broadcasting integer tensors; keys outside [0, T) never):
+    the one predicate of every attention path. A local token sees |qi - kj| <= window (64 for a 128 window); causal,
+    itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
     ok = (kj >= 0) & (kj < T)
     if causal:
         ok = ok & (kj <= qi)
@@ -188,8 +186,7 @@ def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=N
 
 
 def dense_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
-    """Boolean (B, 1, T, T) mask, True = may attend: the global layers' mask, and with `window`
-    the sliding-window mask that block_sliding_attention must reproduce."""
+    """Boolean (B, 1, T, T) may_attend mask: the global layers', and with `window` block_sliding_attention's."""
     i, b = torch.arange(T, device=device), torch.arange(B, device=device).view(B, 1, 1)
     return may_attend(b, i[:, None], i[None, :], T, causal, window, attention_mask, doc_ids).expand(B, T, T)[:, None]
 
@@ -205,11 +202,9 @@ def block_sliding_mask(B, T, device, causal, window, attention_mask=None, doc_id
 
 
 def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
-    """Sliding-window attention in O(T x window), not O(T^2), on (B, H, T, D) tensors. Queries are cut
-    into blocks of `window` positions; block b attends to the keys of blocks b-1, b, b+1 (b-1, b when
-    causal), which hold every key within `window` of its queries, and block_sliding_mask keeps exactly
-    those: the result equals dense attention under the window mask. The blocks become the batch of one
-    SDPA call with 3 x 64 keys per query (2 x 64 when causal) instead of T."""
+    """Sliding-window attention in O(T x window), not O(T^2), on (B, H, T, D): query block b attends to the keys of
+    blocks b-1, b, b+1 (b-1, b when causal), which hold every key within `window` of its queries; block_sliding_mask
+    keeps exactly those, so it equals dense attention under the window mask, in one SDPA call over the blocks."""
     B, H, T, D = q.shape
     n, nb = -(-T // window), 2 if causal else 3
     pad = n * window - T
@@ -332,8 +327,7 @@ class Encoder(nn.Module):
         self.attn_backend = attn_backend  # see attention_fns; may be changed at any time
 
     def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False, spans=None):
-        """idx (B, T) -> final hidden states (B, T, d); with output_hidden_states also the list
-        [embedding output, layer 1 output, ..., layer L output] (before the final norm)."""
+        """idx (B, T) -> final hidden states (B, T, d); output_hidden_states: also the embedding and layer outputs."""
         config, (B, T) = self.config, idx.shape
         head_dim = config.hidden_size // config.num_attention_heads
         attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
@@ -361,10 +355,9 @@ class Head(nn.Module):
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V
-    of them: training needs the loss, not the logits. Rows go through in chunks; each chunk's gradient
-    (softmax - one-hot) becomes the gradients of h, weight and bias right away, in the forward pass,
-    and backward only scales them. Rows with target IGNORE (padding slots) count nothing: mean over `n`."""
+    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V of them:
+    chunk by chunk, the gradient (softmax - one-hot) becomes those of h, weight and bias in the forward pass, and
+    backward only scales them. Rows with target IGNORE (padding slots) count nothing: mean over `n`."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, n, chunk=1024):
@@ -409,9 +402,8 @@ class ModernBERT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """Every tensor's initialization, as upstream: truncated normal at 2 std, std 0.02, output
-        projections (attn.Wo, mlp.Wo, head.dense) at 0.02 / sqrt(2 x layers); norms 1, the
-        decoder bias 0, the decoder weight is the embedding. The draws go in module order."""
+        """As upstream: truncated normal at 2 std, std 0.02, output projections (attn.Wo, mlp.Wo, head.dense) at
+        0.02 / sqrt(2 x layers); norms 1, decoder bias 0 (its weight is the embedding). Draws in module order."""
         std = self.config.initializer_range
         std_out = std / math.sqrt(2.0 * self.config.num_hidden_layers)
 
@@ -431,10 +423,9 @@ class ModernBERT(nn.Module):
                 nn.init.ones_(module.weight)
 
     def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, spans=None, capacity=None):
-        """-> (logits, loss). Without targets: dense logits (B, T, V), loss None. With targets (B, T; IGNORE =
-        no loss): logits None, the loss by LinearCrossEntropy with the head only on the supervised positions
-        (sparse prediction: 15-30% of tokens for MLM), or with `capacity` (--compile) on that many slots, the
-        supervised positions first: one shape, one compiled graph. CLM and MLM share this code."""
+        """-> (logits, loss). Without targets: dense logits (B, T, V). With targets (B, T; IGNORE = no loss): the
+        LinearCrossEntropy loss with the head only on the supervised positions (15-30% of tokens for MLM), or with
+        `capacity` (--compile) on that many slots, the supervised positions first: one shape, one compiled graph."""
         h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids, spans=spans)
         if targets is None:
             return self.decoder(self.head(h)), None
@@ -467,8 +458,7 @@ class ModernBERT(nn.Module):
 # twins see the same windows in the same order, a resumed run continues exactly, and 1 or N ranks
 # with the same global batch see the same rows.
 def document_ids(idx, sep_token_id):
-    """Document index of every token in a packed stream: [SEP] closes a document, so a token's
-    id counts the [SEP]s strictly before it."""
+    """Document index of every token in a packed stream: the [SEP]s strictly before it ([SEP] closes a document)."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
 
@@ -489,8 +479,7 @@ def load_data(data_dir, split):
 
 
 class Windows:
-    """Non-overlapping windows of seq_len + 1 tokens (the +1 gives the last CLM target),
-    visited in a fresh permutation every epoch."""
+    """Non-overlapping windows of seq_len + 1 tokens (+1: the last CLM target), in a fresh permutation every epoch."""
 
     def __init__(self, data, seq_len, data_seed):
         self.data, self.T, self.seed = data, seq_len, data_seed
@@ -512,17 +501,15 @@ class Windows:
 
 
 def clm_batch(buf, sep_id):
-    """Causal LM: predict the next token at every position, except across a document boundary
-    (a [SEP] predicts nothing: the next document is unrelated)."""
+    """Causal LM: the next token at every position but a [SEP] (the next document is unrelated)."""
     x, y = buf[:, :-1], buf[:, 1:].clone()
     y[x == sep_id] = IGNORE
     return x, y
 
 
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
-    """Masked LM: choose `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept); loss
-    only there. Unlike FlexBERT, special tokens are never chosen nor used as random replacements,
-    and every document in the window gets at least one prediction. Elementwise ops only, no id table."""
+    """Masked LM: `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept), loss only there. Unlike
+    FlexBERT, special tokens are never chosen nor random replacements, and every document gets a prediction."""
     x = buf[:, :-1]
     special = functools.reduce(torch.logical_or, [x == i for i in config.special_ids])
     score = torch.rand(x.shape, generator=gen).masked_fill_(special, 2.0)
@@ -559,8 +546,7 @@ def make_batch(cfg, buf, config, n_real_vocab, sample):
 
 
 def unigram_log_probs(counts, vocab_size):
-    """log p(token) of the train stream's unigram from its token counts (add-one smoothed): the
-    baseline every loss is read against."""
+    """log p(token) of the train stream's add-one smoothed unigram: the baseline every loss is read against."""
     padded = np.zeros(vocab_size)
     padded[:len(counts)] = counts[:vocab_size]
     smoothed = torch.from_numpy(padded) + 1
@@ -570,16 +556,14 @@ def unigram_log_probs(counts, vocab_size):
 # ----------------------------------------------------------------------------------------
 # 5. Optimizer and schedule
 def torch_weight_decay(cfg):
-    """The paper's *fully decoupled* weight decay for torch's AdamW. FlexBERT applies
-    p *= 1 - (lr_t / peak_lr) * wd; torch's AdamW applies p *= 1 - lr_t * wd_torch, so
-    wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05)."""
+    """The paper's *fully decoupled* weight decay for torch's AdamW: FlexBERT applies p *= 1 - (lr_t / peak_lr) * wd,
+    torch p *= 1 - lr_t * wd_torch, so wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05)."""
     return cfg.weight_decay / cfg.learning_rate
 
 
 def make_optimizer(model, cfg, fused=False):
-    """AdamW with decoupled weight decay (torch_weight_decay); biases and norms are not decayed.
-    Frozen parameters are in the groups too (they get no grad, so AdamW skips them): the groups stay
-    the same across phases, and a decay can load the state of a run with other frozen layers."""
+    """AdamW, biases and norms not decayed. Frozen parameters are in the groups too (no grad: AdamW skips them), so
+    the groups stay the same across phases and a decay can load the state of a run with other frozen layers."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
@@ -604,9 +588,8 @@ def lr_at(cfg, tokens, total, step_tokens=0):
 # 6. Training: setup() gathers the run's state, train() is the loop.
 @torch.no_grad()
 def evaluate(model, cfg, run):
-    """The phase's objective on a fixed set of validation windows (the same every time, masks seeded by the
-    window index; a micro-batch per rank at least), averaged over ranks, by the raw model (eager) -> dict(loss,
-    acc, unigram): the loss, the share of exact argmax predictions, the train-set unigram's loss on them."""
+    """The phase's loss, argmax accuracy and the train unigram's loss on fixed validation windows (masks seeded by
+    the window index; a micro-batch per rank at least), averaged over ranks, by the raw (eager) model."""
     model.eval()
     n, T = max(1, min(run.val.n, max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size))), cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
@@ -621,14 +604,11 @@ def evaluate(model, cfg, run):
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
-    return dict(loss=(total[0] / total[3]).item(), acc=(total[1] / total[3]).item(),
-                unigram=(total[2] / total[3]).item())
+    return dict(zip(("loss", "acc", "unigram"), (total[:3] / total[3]).tolist()))
 
 
 def setup(cfg):
-    """The run's state, one namespace: the model (raw_model; model, wrapped for compile/DDP),
-    optimizer, data windows, where the run starts (step, tokens, sample0: see start_point), its
-    budget in tokens and steps, ranks, precision, attention backend, the open log."""
+    """The run's state in one namespace: model (raw_model; model, wrapped), optimizer, windows, start_point, ranks."""
     rank, world, device = setup_distributed(cfg)
     torch.manual_seed(cfg.seed)
     meta, train_data = load_data(cfg.data_dir, "train")
@@ -765,9 +745,8 @@ def fill_masks(model, ids, positions, k=3):
 
 
 def print_samples(cfg, run, n=2, length=32):
-    """The end of a phase made visible (nanoGPT's sample.py) on the first n validation documents: a
-    greedy continuation in causal mode after clm, three masked tokens and the model's top-3 fills after
-    mlm and decay. In fp32 with sdpa attention (any device); no random draws; ids without a tokenizer."""
+    """The end of a phase made visible on the first n validation documents: a greedy causal continuation after clm,
+    the top-3 fills of three masks after mlm and decay. fp32, sdpa, no random draws; ids without a tokenizer."""
     tok = load_tokenizer(run.tokenizer) if run.tokenizer else None
     piece = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}")
     model, backend = run.raw_model.eval(), run.raw_model.model.attn_backend
@@ -792,14 +771,12 @@ def print_samples(cfg, run, n=2, length=32):
 # 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command line,
 # then checkpoints with every resume and inheritance rule, and main.
 def fail(message):
-    """A user's mistake, the project's one error style: `error: <what>; <how to fix it>` on one
-    line, exit status 1, no traceback."""
+    """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no traceback."""
     raise SystemExit(f"error: {message}")
 
 
 def atomic_write(path, write_fn):
-    """Write to a temp file in the same directory (write_fn gets it opened "wb"), fsync, rename:
-    readers never see a half-written file, and a crash keeps the previous one."""
+    """write_fn(a temp file opened "wb"), fsync, rename: never a half-written file, a crash keeps the previous one."""
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -884,8 +861,7 @@ def write_safetensors(tensors, path):
 
 
 def config_from_hf(d):
-    """Config from an HF config.json dict, in the older (global_rope_theta, ...) or the newer
-    (layer_types, rope_parameters) form."""
+    """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types, rope_parameters)."""
     if d.get("model_type") != "modernbert":
         fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
              "detour loads ModernBERT checkpoints only")
@@ -930,8 +906,7 @@ def load_hf(directory):
 
 
 def save_hf(model, directory, tokenizer_path=None):
-    """Write config.json + model.safetensors (and the tokenizer files) loadable by transformers'
-    AutoModelForMaskedLM, AutoTokenizer and pipeline("fill-mask")."""
+    """config.json, model.safetensors (and the tokenizer's files) for AutoModelForMaskedLM and pipeline("fill-mask")."""
     model = getattr(model, "_orig_mod", model)
     os.makedirs(directory, exist_ok=True)
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
@@ -944,9 +919,8 @@ def save_hf(model, directory, tokenizer_path=None):
 
 
 def hf_tokenizer_files(config, tokenizer_path):
-    """What AutoTokenizer and pipeline("fill-mask") need -> {file name: text}: the data's tokenizer.json
-    ("a [MASK] b": [MASK] takes the space before it; [CLS] a [SEP] added, as prepare.py stores documents,
-    unless it has a post-processor), and tokenizer_config.json naming the special tokens of the model's config."""
+    """{file name: text} for AutoTokenizer and pipeline("fill-mask"): the data's tokenizer.json ([MASK] takes the space
+    before it; [CLS] a [SEP] added, as prepare.py stores documents, unless it has a post-processor) and configs."""
     load_tokenizer(tokenizer_path)  # a file the tokenizers library cannot read is a one-line error
     d = read_json(tokenizer_path, ("added_tokens",), "use the tokenizer.json data/prepare.py wrote")
     names = {t["id"]: t for t in d["added_tokens"]}
@@ -973,9 +947,8 @@ def attention_pairs(lengths, window=None, causal=False):
 
 
 def model_flops(config, lengths, causal=False, predicted=None):
-    """Model FLOPs of a training step (forward + backward = 3 x forward, a multiply-add is 2 FLOPs) on documents of
-    these lengths. Per token and layer: Wqkv 3d^2, Wo d^2, MLP Wi 2dI and Wo Id; attention 2d per pair the masks
-    allow (attention_pairs); the head (d^2 + dV) on `predicted` tokens (default all). Norms, softmax left out."""
+    """FLOPs of a training step (3 x forward, a multiply-add 2) on documents of these lengths. Per token and layer: Wqkv
+    3d^2, Wo d^2, Wi 2dI, Wo Id; 2d per allowed pair; the head d^2 + dV on `predicted` tokens (default all)."""
     d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
     windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
     forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
@@ -997,10 +970,9 @@ def attention_backend(wanted, device, bf16, dropout, warn=True):
 
 
 def prepare(cfg, run, buf, sample):
-    """The batch of windows `buf` (masks seeded by `sample`) for the model, built on the CPU (nothing waits for the
-    device) and copied from pinned memory without blocking: inputs, targets, document ids (sdpa) or spans (varlen),
-    its FLOPs on allowed pairs (MFU), under --compile the head's capacity: one per phase, all positions for CLM, the
-    MLM rate's count + 8 standard deviations + 8 (a batch above it, never seen, takes all: one compile more)."""
+    """The windows `buf` as a batch (masks seeded by `sample`), built on the CPU and copied without blocking. Under
+    --compile the head's capacity is one per phase: all positions for CLM, the MLM rate's count + 8 standard
+    deviations + 8 (a batch above it, never seen, takes all: one compile more)."""
     x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
     doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
     (cu, longest), n, rate = document_spans(doc_ids), int((y != IGNORE).sum()), predicted_fraction(cfg)
@@ -1051,8 +1023,7 @@ def device_peak_flops(device):
 
 # Distributed: torchrun, and stopping together
 def setup_distributed(cfg):
-    """-> (rank, world, device). torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; multi-node works through
-    torchrun's own flags."""
+    """-> (rank, world, device), from torchrun's RANK/WORLD_SIZE/LOCAL_RANK (multi-node by torchrun's flags)."""
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1, torch.device(dev)
@@ -1074,8 +1045,7 @@ def setup_distributed(cfg):
 
 
 def stop_requested(run):
-    """Whether SIGTERM/SIGINT came, on any rank: a signal seen by one rank must not leave the
-    others waiting, so all ranks stop at the same step."""
+    """Whether SIGTERM/SIGINT came on any rank: all ranks stop at the same step, none is left waiting."""
     if run.world > 1:
         flag = torch.tensor([0 if run.signal is None else int(run.signal)])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -1126,9 +1096,8 @@ def convert(key, text, default):
 
 
 def apply_overrides(namespace, argv, prog="detour.py", block=("# 1. Constants", "# The constants above")):
-    """Set namespace[key] from argv -> {key: value given}. Unknown keys and badly typed values are
-    one-line errors; -h/--help prints the options (the lines of `prog`'s source from block[0] up to
-    block[1]: every constant, its default and its comment, grouped as there) and exits."""
+    """Set namespace[key] from argv -> {key: value given}. -h/--help prints `prog`'s source from block[0] up to
+    block[1] (every constant, its default and comment) and exits."""
     known = {k for k, v in namespace.items()
              if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
     changed, args = {}, iter(argv)
@@ -1189,9 +1158,8 @@ def resolve_out_dir(cfg):
 
 
 def build_model(cfg, meta):
-    """The model a run starts from, and the checkpoint it comes from (None: scratch or HF). A resumed
-    run loads its own checkpoint; a fresh run must not overwrite another run's; a continuing phase
-    (decay) needs a Phase-1 checkpoint; the data must fit the model."""
+    """-> (the model a run starts from, its checkpoint or None: scratch or HF). A fresh run must not overwrite
+    another run's; a continuing phase (decay) needs a Phase-1 checkpoint; the data must fit the model."""
     resume, ckpt_path, ckpt = cfg.init_from == "resume", os.path.join(cfg.out_dir, "ckpt.pt"), None
     if not resume and os.path.exists(ckpt_path) and not cfg.overwrite:
         fail(f"{ckpt_path} exists (phase {load_checkpoint(cfg.out_dir).get('phase')}); "
@@ -1221,10 +1189,9 @@ def build_model(cfg, meta):
 
 
 def start_point(cfg, ckpt, optimizer):
-    """Where the run starts -> dict(step, tokens, sample0, phase1_tokens, budget). sample0: the windows
-    already drawn from the stream; budget: the phase's tokens. A resumed run continues exactly (AdamW
-    state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW moments and starts on the
-    first window Phase 1 did not see; other runs start afresh."""
+    """-> dict(step, tokens, sample0: windows already drawn, phase1_tokens, budget: the phase's tokens). A resumed run
+    continues exactly (AdamW state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW moments and
+    starts on the first window Phase 1 did not see; other runs start afresh."""
     step, tokens, sample0, phase1_tokens = 0, 0, 0, 0
     if cfg.init_from == "resume":
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -1253,9 +1220,8 @@ def save_run(cfg, run, step, tokens):
 
 
 def open_outputs(cfg, run):
-    """Rank 0 writes out_dir/detour.py (this file, the code that runs), keeps in log.jsonl only the
-    records up to a resumed checkpoint (a kill -9 can leave later ones), saves the step-0 weights of a
-    run from scratch (init/, for weight-drift analysis) -> the open log."""
+    """Rank 0: out_dir/detour.py (the code that runs), log.jsonl cut to a resumed checkpoint (a kill -9 can leave later
+    records), a run from scratch's step-0 weights (init/, for weight-drift analysis) -> the open log."""
     if not run.master:
         return None
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -1276,9 +1242,8 @@ def open_outputs(cfg, run):
 
 
 def main(argv):
-    """The run's configuration, then train(): the constants above, overridden by argv, and what a run
-    inherits: a resumed run (or one torchrun restarted) its saved configuration, a continuing phase
-    (decay) Phase 1's, except the keys it owns."""
+    """The constants, under what a run inherits (a resumed or torchrun-restarted run its saved configuration, a
+    continuing phase Phase 1's but the keys it owns), under argv; then train()."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
     check(cfg, RULES)
