@@ -1,6 +1,9 @@
 """The HF export is a complete transformers checkpoint (fill-mask pipeline, task heads, the
 tokenizer gives prepare.py's ids), and the end-of-phase samples are deterministic."""
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -67,9 +70,6 @@ def test_samples_are_printed_and_deterministic(runs, capsys):
 def test_quick_start_at_toy_size(tmp_path):
     """The README's quick start, as a user runs it (prepare with no corpus given, then clm, then decay,
     every constant at its default), shrunk to a toy corpus and budget: the defaults fit together."""
-    import json
-    import subprocess
-    import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     data, clm = str(tmp_path / "data"), str(tmp_path / "clm")
     budget = 10 * detour.DEFAULTS["global_batch_size"] * detour.DEFAULTS["seq_len"]  # ten optimizer steps
