@@ -37,8 +37,9 @@ import time
 import zlib
 from array import array
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from itertools import chain, islice
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from itertools import chain, islice, repeat
+from multiprocessing import get_all_start_methods, get_context
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -209,16 +210,51 @@ def get_tokenizer(tokenizer_path, train_sample, vocab_size):
     return tokenizer, ids, tokenizer.to_str(pretty=True).encode("utf-8")
 
 
+def count_documents(path, group_tokens):
+    """(documents, characters) of one input file: pass 1's work in a worker process."""
+    n_docs = n_chars = 0
+    for doc in Corpus([path], group_tokens):
+        n_docs, n_chars = n_docs + 1, n_chars + len(doc)
+    return n_docs, n_chars
+
+
+def first_documents(docs, sample_chars):
+    """[(index, doc)] from the start of docs while fewer than sample_chars characters are taken."""
+    sample, n_chars = [], 0
+    for i, doc in enumerate(docs) if sample_chars else ():
+        sample.append((i, doc))
+        n_chars += len(doc)
+        if n_chars >= sample_chars:
+            break
+    return sample
+
+
 def survey(docs, sample_chars):
     """Pass 1: read every document once (so bad input fails before anything is written) ->
-    (documents, characters, [(index, doc)] of the first sample_chars characters)."""
-    n_docs = n_chars = 0
-    sample = []
-    for n_docs, doc in enumerate(docs, 1):
-        if n_chars < sample_chars:
-            sample.append((n_docs - 1, doc))
-        n_chars += len(doc)
-    return n_docs, n_chars, sample
+    (documents, characters, first_documents(docs, sample_chars)). Several input files are counted
+    in worker processes, one per core, while this process reads the sample: the tokenizer is idle
+    in this pass, and one parsing core would leave the others idle too."""
+    if not (isinstance(docs, Corpus) and len(docs.files) > 1 and os.cpu_count() > 1
+            and "fork" in get_all_start_methods()):
+        n_docs = n_chars = 0
+        sample = []
+        for n_docs, doc in enumerate(docs, 1):
+            if n_chars < sample_chars:  # as first_documents, in the same read
+                sample.append((n_docs - 1, doc))
+            n_chars += len(doc)
+        return n_docs, n_chars, sample
+    workers = ProcessPoolExecutor(min(len(docs.files), os.cpu_count()), mp_context=get_context("fork"))
+    try:  # results in input order: the first bad file fails first, as in one serial read
+        counts = workers.map(count_documents, docs.files, repeat(docs.group_tokens))
+        sample = first_documents(Corpus(docs.files, docs.group_tokens), sample_chars)
+        n_docs = n_chars = 0
+        for path, (n, chars) in zip(docs.files, counts):
+            n_docs, n_chars = n_docs + n, n_chars + chars
+            if docs.bar is not None:
+                docs.bar.update(os.path.getsize(path))
+        return n_docs, n_chars, sample
+    finally:
+        workers.shutdown(cancel_futures=True)
 
 
 def split_order(n_docs, val_fraction, seed):
@@ -237,9 +273,14 @@ def encoded_batches(tokenizer, docs, cls_id, sep_id, dtype):
     def encode(batch):
         # add_special_tokens=False: a real tokenizer.json (ModernBERT's) has a
         # post-processor that would add a second CLS/SEP pair.
-        ids = [e.ids for e in tokenizer.encode_batch(batch, add_special_tokens=False)]
-        lengths = np.fromiter((len(x) + 2 for x in ids), np.int64, len(ids))
-        tokens = np.fromiter(chain.from_iterable((cls_id, *x, sep_id) for x in ids), dtype, int(lengths.sum()))
+        # encode_batch_fast: the same ids without character offsets, which nothing here reads.
+        encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False)
+        lengths = np.fromiter(map(len, encodings), np.int64, len(encodings)) + 2
+        ends = np.cumsum(lengths)
+        tokens, edge = np.empty(int(ends[-1]), dtype), np.zeros(int(ends[-1]), bool)
+        tokens[ends - lengths], tokens[ends - 1] = cls_id, sep_id  # whole-array writes, not a Python
+        edge[ends - lengths] = edge[ends - 1] = True               # loop over every token
+        tokens[~edge] = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, len(tokens) - 2 * len(batch))
         return batch, lengths, tokens
 
     docs = iter(docs)
