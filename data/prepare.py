@@ -17,9 +17,9 @@ Every document is stored as [CLS] tokens [SEP], back to back. The same stream
 serves both phases of the method: the causal LM phase predicts the next token
 (SEP marks where a document ends), the MLM phase masks tokens in windows.
 
-The input is read as a stream, twice: pass 1 checks and counts the documents (and keeps
-the tokenizer's training sample), pass 2 tokenizes them in batches and appends the tokens
-to temp files in input order; then each split is copied out in its shuffled order. Memory
+The input is read as a stream, twice: pass 1 checks and counts the documents (several files:
+a worker process per core) and keeps the tokenizer's training sample, pass 2 tokenizes them in
+batches and appends the tokens to temp files in input order; then each split is copied out in its shuffled order. Memory
 is a batch, plus about 25 bytes a document for the split (its permutation, sizes, offsets).
 """
 
