@@ -19,8 +19,9 @@ serves both phases of the method: the causal LM phase predicts the next token
 
 The input is read as a stream, twice: pass 1 checks and counts the documents (several files:
 a worker process per core) and keeps the tokenizer's training sample, pass 2 tokenizes them in
-batches and appends the tokens to temp files in input order; then each split is copied out in its shuffled order. Memory
-is a batch, plus about 25 bytes a document for the split (its permutation, sizes, offsets).
+batches and appends the tokens to temp files in input order; then each split is copied out in
+its shuffled order. Memory is a batch, plus about 25 bytes a document for the split (its
+permutation, sizes, offsets).
 """
 
 from __future__ import annotations
