@@ -278,9 +278,10 @@ def encoded_batches(tokenizer, docs, cls_id, sep_id, dtype):
         encodings = tokenizer.encode_batch_fast(batch, add_special_tokens=False)
         lengths = np.fromiter(map(len, encodings), np.int64, len(encodings)) + 2
         ends = np.cumsum(lengths)
+        starts = ends - lengths
         tokens, edge = np.empty(int(ends[-1]), dtype), np.zeros(int(ends[-1]), bool)
-        tokens[ends - lengths], tokens[ends - 1] = cls_id, sep_id  # whole-array writes, not a Python
-        edge[ends - lengths] = edge[ends - 1] = True               # loop over every token
+        tokens[starts], tokens[ends - 1] = cls_id, sep_id  # whole-array writes, not a Python
+        edge[starts] = edge[ends - 1] = True               # loop over every token
         tokens[~edge] = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, len(tokens) - 2 * len(batch))
         return batch, lengths, tokens
 
