@@ -82,13 +82,16 @@ def point_report(out, name):
             f"{r['layer']} {r['r']:.2f}" for r in rows if r.get("r") is not None), ""]
     gap = (sum(x[0] for x in got["clm", "decay"]) - sum(x[0] for x in got["mlm", "decay"])) / len(REPLICATES)
     return lines, dict(d=100 * res["difference"]["average"], ci=[100 * c for c in res["ci95"]["average"]],
-                       p=res["p_sign_flip"], detectable=100 * res["detectable_difference"], gap=gap)
+                       p=res["p_sign_flip"], detectable=100 * res["detectable_difference"], gap=gap,
+                       tasks={n: (100 * res["difference"][n], *(100 * c for c in res["ci95"][n])) for n in names})
 
 
 def rules(s):
     """The decision rules as committed with the protocol, applied to the points that exist."""
     out = []
-    if all(k in s for k in ("s250", "s1000", "s4000")):
+    if missing := [k for k in ("s250", "s1000", "s4000") if k not in s]:
+        out.append(f"- Length: needs s250, s1000 and s4000; missing {', '.join(missing)}.")
+    else:
         d = [s[k]["d"] for k in ("s250", "s1000", "s4000")]
         apart = s["s250"]["ci"][1] < s["s4000"]["ci"][0]
         if verdict(s["s4000"]["ci"]) == "gain":
@@ -100,7 +103,9 @@ def rules(s):
         else:
             length = "neither (no rule met)"
         out.append(f"- Length: the deficit {length}.")
-    if all(k in s for k in ("s1000", "t1000")):
+    if missing := [k for k in ("s1000", "t1000") if k not in s]:
+        out.append(f"- Capacity: needs s1000 and t1000; missing {', '.join(missing)}.")
+    else:
         a, b = s["s1000"]["ci"], s["t1000"]["ci"]
         cap = ("helps the detour" if a[0] > b[1] else "hurts the detour" if b[0] > a[1]
                else "cannot tell (the intervals overlap)")
@@ -124,7 +129,14 @@ def main():
         preset, steps = POINTS[name][:2]
         lines.append(f"| {name} | {preset} | {steps:,} | {s['d']:+.1f} [{s['ci'][0]:+.1f}, {s['ci'][1]:+.1f}] "
                      f"| {verdict(s['ci'])} | {finetune.format_p(s['p'])} | {s['detectable']:.1f} | {s['gap']:+.2f} nats |")
-    lines += [""] + (rules(summary) or ["- The rules need more points (missing ones are listed above)."])
+    tasks = list(dict.fromkeys(t for s in summary.values() for t in s["tasks"]))
+    lines += ["", "Per-task differences at every point, detour − MLM (F1 points, 95% t interval over the replicates):",
+              "", "| point | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for name, s in summary.items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{s['tasks'][t][0]:+.1f} [{s['tasks'][t][1]:+.1f}, {s['tasks'][t][2]:+.1f}]" if t in s["tasks"] else ""
+            for t in tasks) + " |")
+    lines += [""] + rules(summary)
     text = "\n".join(lines) + "\n"
     print(text)
     if os.path.isdir(args.out_dir):

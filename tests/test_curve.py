@@ -25,8 +25,9 @@ def point(d, lo, hi):
     (point(-3, -4, -1), point(-2, -3, -1), point(-1, -1.5, -0.5), "neither"),  # the intervals overlap
 ])
 def test_length_rules(s250, s1000, s4000, want):
-    (line,) = study_curve.rules(dict(s250=s250, s1000=s1000, s4000=s4000))
+    line, capacity = study_curve.rules(dict(s250=s250, s1000=s1000, s4000=s4000))
     assert line.startswith("- Length: the deficit " + want)
+    assert capacity == "- Capacity: needs s1000 and t1000; missing t1000."
 
 
 @pytest.mark.parametrize("small, tiny, want", [
@@ -35,8 +36,9 @@ def test_length_rules(s250, s1000, s4000, want):
     (point(-1, -2, 0), point(-1.5, -2.5, -0.5), "cannot tell"),
 ])
 def test_capacity_rule(small, tiny, want):
-    (line,) = study_curve.rules(dict(s1000=small, t1000=tiny))
+    length, line = study_curve.rules(dict(s1000=small, t1000=tiny))
     assert want in line
+    assert length == "- Length: needs s250, s1000 and s4000; missing s250, s4000."
 
 
 def test_a_point_is_read_from_its_files_and_a_missing_one_is_named(tmp_path):
@@ -60,4 +62,6 @@ def test_a_point_is_read_from_its_files_and_a_missing_one_is_named(tmp_path):
     assert "| s1000 | small | 1,000 | -0.4 [-1.2, +0.4] | cannot tell | 0.800 | 1.1 | +0.80 nats |" in out
     assert "| CLM | 4.10 / 4.10 / 4.10 (unigram 6.60) | 3.80 / 3.80 / 3.80 (unigram 6.60) |" in out
     assert "missing: twins, ft8 results" in out  # s250: nothing yet; θ0 is shared with s1000
+    assert "| point | a | b |\n|---|---|---|\n| s1000 | -1.0 [-3.0, +1.0] | +0.2 [-1.0, +1.4] |" in out
+    assert "- Length: needs s250, s1000 and s4000; missing s250, s4000." in out
     assert (tmp_path / "curve.md").read_text() == out[:-1]  # print adds the final newline
