@@ -27,6 +27,7 @@ def main():
     p.add_argument("--compiled", action="store_true")
     p.add_argument("--out", default="out/gpu_profile.txt")
     a = p.parse_args()
+    sizes = [int(t) for t in a.tokens.split(",")]
     if not torch.cuda.is_available():
         print(f"gpu_profile: no CUDA device here (torch {torch.__version__}); nothing profiled, run it on a GPU machine")
         return
@@ -64,13 +65,13 @@ def main():
 
     say(f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}, base {model.num_params() / 1e6:.1f}M, T={a.T}")
     for phase in ("mlm", "clm"):
-        for tokens in [int(t) for t in a.tokens.split(",")]:
+        for tokens in sizes:
             step, flops, n = make_step(model, phase, tokens, False)
             first, dt, pk, grow, loss = gc.time_steps(step, dev, 2, 5)
             say(f"eager {phase} tokens/step {n:>6}: {dt * 1e3:7.1f} ms, {n / dt:9,.0f} tok/s, MFU {flops / dt / peak:.1%}, peak {pk / 2**30:.1f} GiB")
-    # One eager MLM step at the smallest size under the profiler: GPU-busy fraction and top kernels.
+    # One eager step per phase at the smallest size under the profiler: GPU-busy time and top kernels.
     for phase in ("mlm", "clm"):
-        step, flops, n = make_step(model, phase, int(a.tokens.split(",")[0]), False)
+        step, flops, n = make_step(model, phase, sizes[0], False)
         step()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -85,11 +86,9 @@ def main():
         for e in sorted(ev, key=lambda e: -e.self_device_time_total)[:18]:
             say(f"  {e.self_device_time_total / 1e3:8.2f} ms  x{e.count:<5} {e.key[:110]}")
     if a.compiled:
-        runner = torch.compile(model)
-        for tokens in [int(t) for t in a.tokens.split(",")][-1:]:
-            step, flops, n = make_step(runner, "mlm", tokens, True)
-            first, dt, pk, grow, loss = gc.time_steps(step, dev, 2, 5)
-            say(f"compiled mlm tokens/step {n}: {dt * 1e3:.1f} ms, {n / dt:,.0f} tok/s, MFU {flops / dt / peak:.1%}, first step {first:.0f} s")
+        step, flops, n = make_step(torch.compile(model), "mlm", sizes[-1], True)
+        first, dt, pk, grow, loss = gc.time_steps(step, dev, 2, 5)
+        say(f"compiled mlm tokens/step {n}: {dt * 1e3:.1f} ms, {n / dt:,.0f} tok/s, MFU {flops / dt / peak:.1%}, first step {first:.0f} s")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
