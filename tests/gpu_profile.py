@@ -52,11 +52,10 @@ def main():
         n_pred = int((y != gc.IGNORE).sum())
         flops = detour.model_flops(config, cu.diff().tolist(), phase == "clm", n_pred)
         x, y, spans = x.to(dev), y.to(dev), (cu.to(dev), longest)
-        cap = B * a.T if phase == "clm" else min(B * a.T, int(0.3 * B * a.T + 8 * (B * a.T * 0.21) ** 0.5) + 9)
 
         def step():
             with gc.bf16(dev):
-                _, loss = runner(x, y, causal=phase == "clm", spans=spans, capacity=cap if compiled else None)
+                _, loss = runner(x, y, causal=phase == "clm", spans=spans, capacity=gc.head_capacity(phase, B * a.T) if compiled else None)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
