@@ -969,14 +969,19 @@ def attention_backend(wanted, device, bf16, dropout, warn=True):
     return "sdpa" if fallback else "varlen" if wanted == "auto" else wanted
 
 
+def head_capacity(n, rate):
+    """The compiled head's fixed slots for n positions predicted at `rate`: all of them for CLM (rate 1); for MLM the
+    rate's count + 8 standard deviations + 8, so that a batch above it (one compile more) is never seen."""
+    return min(n, math.ceil(rate * n + 8 * math.sqrt(n * rate * (1 - rate))) + 8)
+
+
 def prepare(cfg, run, buf, sample):
     """The windows `buf` as a batch (masks seeded by `sample`), built on the CPU and copied without blocking. Under
-    --compile the head's capacity is one per phase: all positions for CLM, the MLM rate's count + 8 standard
-    deviations + 8 (a batch above it, never seen, takes all: one compile more)."""
+    --compile the head's capacity is one per phase (head_capacity); a batch above it takes all positions."""
     x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
     doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
-    (cu, longest), n, rate = document_spans(doc_ids), int((y != IGNORE).sum()), predicted_fraction(cfg)
-    cap = min(y.numel(), math.ceil(rate * y.numel() + 8 * math.sqrt(y.numel() * rate * (1 - rate))) + 8)
+    (cu, longest), n = document_spans(doc_ids), int((y != IGNORE).sum())
+    cap = head_capacity(y.numel(), predicted_fraction(cfg))
     varlen, pin = run.raw_model.model.attn_backend == "varlen", run.device.type == "cuda"
     dev = lambda t: (t.pin_memory() if pin else t).to(run.device, non_blocking=True)  # noqa: E731
     return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,

@@ -425,7 +425,7 @@ def time_steps(step, device, warmup, steps):
 def head_capacity(phase, n):
     """The compiled head's fixed slots for n tokens, as detour.prepare sets them: every position for CLM; for
     MLM (30%) the rate's count + 8 standard deviations + 8."""
-    return n if phase == "clm" else min(n, math.ceil(0.3 * n + 8 * math.sqrt(n * 0.21)) + 8)
+    return detour.head_capacity(n, 1.0 if phase == "clm" else 0.3)
 
 
 def check_speed(report, device, preset="base", lengths=(1024, 4096, 8192), tokens=16384, phases=("mlm", "clm"),
