@@ -423,8 +423,8 @@ def time_steps(step, device, warmup, steps):
 
 
 def head_capacity(phase, n):
-    """The compiled head's fixed slots for n tokens, as detour.prepare sets them: every position for CLM; for
-    MLM (30%) the rate's count + 8 standard deviations + 8."""
+    """The compiled head's fixed slots for n tokens, as detour.prepare sets them, at this phase's rate
+    (training_batch masks MLM at 30%)."""
     return detour.head_capacity(n, 1.0 if phase == "clm" else 0.3)
 
 

@@ -52,10 +52,11 @@ def main():
         n_pred = int((y != gc.IGNORE).sum())
         flops = detour.model_flops(config, cu.diff().tolist(), phase == "clm", n_pred)
         x, y, spans = x.to(dev), y.to(dev), (cu.to(dev), longest)
+        cap = gc.head_capacity(phase, B * a.T) if compiled else None  # once, outside the timed step
 
         def step():
             with gc.bf16(dev):
-                _, loss = runner(x, y, causal=phase == "clm", spans=spans, capacity=gc.head_capacity(phase, B * a.T) if compiled else None)
+                _, loss = runner(x, y, causal=phase == "clm", spans=spans, capacity=cap)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
