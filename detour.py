@@ -37,7 +37,7 @@ from tqdm import tqdm
 # 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
 # default run fit a 2-core CPU in a few minutes.
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
-preset = "small"           # model shape when init_from=scratch: tiny | small | base | large
+preset = "small"           # model shape when init_from=scratch: tiny | small | medium | base | large
 init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir | resume
 out_dir = ""               # "" = out/<phase> (Phase 1) or <init_from>-decay (decay)
 data_dir = "data/default"  # train.bin / val.bin / meta.json from data/prepare.py
@@ -85,11 +85,11 @@ DEFAULTS = {k: v for k, v in dict(globals()).items()
 PRESETS = {  # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
     "tiny": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2),
     "small": dict(hidden_size=128, intermediate_size=192, num_hidden_layers=6, num_attention_heads=2),
+    "medium": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4),
     "base": dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12),
     "large": dict(hidden_size=1024, intermediate_size=2624, num_hidden_layers=28, num_attention_heads=16),
 }
 IGNORE = -100  # target value that carries no loss
-
 
 # ----------------------------------------------------------------------------------------
 # 2. The phases: one entry per row of the README's objectives table. Everything that differs

@@ -903,17 +903,21 @@ def drift(p, paths):
          "MLP = Wi, Wo, mlp_norm).", "", "```", *[c.rstrip() for c in chart], "```", "", *table]) + "\n")
 
 def group_names(model, spec):
-    """A layer group's parameters: attn or mlp (that module of every layer, with its norm) or layers 0-7, 0-3,10."""
+    """A layer group's parameters: attn or mlp (that module of every layer, with its norm) or layers 0-7, 0-3,10,
+    where "embeddings" may stand among the layers (embeddings,0: the embeddings and layer 0)."""
     names, n_layers = [name for name, _ in model.named_parameters()], model.config.num_hidden_layers
     if spec in ("attn", "mlp"):
         return [n for n in names if part_of(n)[0] == spec]
+    parts = spec.replace(" ", "").split(",")
     try:
-        chosen = detour.parse_layers(spec, n_layers)
+        chosen = detour.parse_layers(",".join(q for q in parts if q != "embeddings"), n_layers) + (
+            ["embeddings"] if "embeddings" in parts else [])  # part_of names them ("embeddings", None)
     except SystemExit:  # parse_layers' message names --freeze_layers
         chosen = []
     if not chosen:
-        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7 or 0-3,10 (the model has {n_layers}, from 0)")
-    return [n for n in names if part_of(n)[1] in chosen]
+        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7, 0-3,10 or embeddings,0 (the model has "
+             f"{n_layers}, from 0)")
+    return [n for n in names if part_of(n)[1] in chosen or part_of(n)[0] in chosen]
 
 def transplant_model(donor, recipient, spec):
     """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
@@ -922,20 +926,22 @@ def transplant_model(donor, recipient, spec):
     return hybrid
 
 def transplant(p, paths, spec, task_specs):
-    """The hybrid of checkpoints A, B (layer group `spec` from A, the rest from B), saved as an HF
-    dir in p.out_dir and linear-probed next to A and B: a probe keeps the encoder frozen, where
-    fine-tuning would retrain the transplanted layers and blur what they carry."""
-    if len(paths) != 2:
+    """The hybrids of checkpoints A, B (layer group `spec` from A, the rest from B; A1+A2,B1+B2: one hybrid per
+    replicate pair), saved as HF dirs in p.out_dir and linear-probed next to A and B: a probe keeps the encoder
+    frozen, where fine-tuning would retrain the transplanted layers and blur what they carry."""
+    arms = arms_of(paths)
+    if len(arms) != 2:
         fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
-    (a, tok_a), (b, tok_b) = load_encoder(paths[0]), load_encoder(paths[1])
-    same_tokenizer([tok_a, tok_b], paths)
-    same_shapes(a, b, paths)
     name = "transplant-" + spec.replace(",", "_")
-    hybrid_dir = os.path.join(p.out_dir, name)
-    detour.save_hf(transplant_model(a, b, spec), hybrid_dir, os.path.join(hf_dir(paths[1]), "tokenizer.json"))
-    return run(replace(p, probe=True), [paths[0], hybrid_dir, paths[1]], task_specs, report=name,
-               note=f"{hybrid_dir}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
-
+    hybrids = [os.path.join(p.out_dir, name, f"r{k + 1}") if len(arms[0]) > 1 else os.path.join(p.out_dir, name)
+               for k in range(len(arms[0]))]
+    for pa, pb, hybrid_dir in zip(*arms, hybrids):
+        (a, tok_a), (b, tok_b) = load_encoder(pa), load_encoder(pb)
+        same_tokenizer([tok_a, tok_b], [pa, pb])
+        same_shapes(a, b, [pa, pb])
+        detour.save_hf(transplant_model(a, b, spec), hybrid_dir, os.path.join(hf_dir(pb), "tokenizer.json"))
+    return run(replace(p, probe=True), [paths[0], "+".join(hybrids), paths[1]], task_specs, report=name,
+               note=f"{'+'.join(hybrids)}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
 
 if __name__ == "__main__":
     main()

@@ -139,14 +139,16 @@ def test_transplant_takes_exactly_the_group(tmp_path):
     pa, pb = dict(donor.named_parameters()), dict(recipient.named_parameters())
     for spec, from_a in (("0-0", lambda n: n.startswith("model.layers.0.")),
                          ("attn", lambda n: ".attn." in n or ".attn_norm." in n),
-                         ("mlp", lambda n: ".mlp." in n or ".mlp_norm." in n)):
+                         ("mlp", lambda n: ".mlp." in n or ".mlp_norm." in n),
+                         ("embeddings", lambda n: n.startswith("model.embeddings.")),
+                         ("embeddings,0", lambda n: n.startswith(("model.embeddings.", "model.layers.0.")))):
         hybrid = ft.transplant_model(donor, recipient, spec)
         for name, p in hybrid.named_parameters():
             assert torch.equal(p, (pa if from_a(name) else pb)[name]), (spec, name)
         assert sum(from_a(n) for n in pa) == len(ft.group_names(recipient, spec)) > 0
-    assert torch.equal(hybrid.decoder.weight, pb["model.embeddings.tok_embeddings.weight"])  # still tied
+    assert torch.equal(hybrid.decoder.weight, pa["model.embeddings.tok_embeddings.weight"])  # still tied
     assert all(torch.equal(p, pb[n]) for n, p in recipient.named_parameters())  # the recipient is untouched
-    for bad in ("2-3", "x", ""):
+    for bad in ("2-3", "x", "", "x,embeddings"):
         with pytest.raises(SystemExit, match="--layers"):
             ft.group_names(recipient, bad)
 
@@ -180,3 +182,18 @@ def test_cli_modes_end_to_end(tmp_path):
         ft.main(["--analysis", "transplant", "--layers", "", *common])
     with pytest.raises(SystemExit, match="needs --ckpts CHECKPOINT,INIT"):
         ft.main(["--analysis", "drift", "--ckpts", a])
+
+
+def test_transplant_per_replicate_pair(tmp_path):
+    """A1+A2,B1+B2: one hybrid per replicate pair (layers from A_k, the rest from B_k), probed as an arm."""
+    a1, a2, b1, b2 = (str(make_ckpt(tmp_path / n, seed=s)[0]) for s, n in enumerate(("a1", "a2", "b1", "b2")))
+    out, task = str(tmp_path / "out"), make_task_dir(tmp_path / "c", "cls", n=(16, 8, 8))
+    quick = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
+    res = ft.main(["--analysis", "transplant", "--layers", "embeddings,0", "--tasks", f"drugs=cls:{task}",
+                   "--seeds", "1", "--ckpts", f"{a1}+{a2},{b1}+{b2}", "--out_dir", out, *quick])
+    hybrids = [os.path.join(out, "transplant-embeddings_0", r) for r in ("r1", "r2")]
+    assert res["checkpoints"] == [f"{a1}+{a2}", "+".join(hybrids), f"{b1}+{b2}"]
+    for hybrid, a, b in zip(hybrids, (a1, a2), (b1, b2)):
+        pa, pb = params(a), params(b)
+        for name, p in ft.load_encoder(hybrid)[0].named_parameters():
+            assert torch.equal(p, (pa if name.startswith(("model.embeddings.", "model.layers.0.")) else pb)[name]), name
