@@ -219,3 +219,27 @@ def test_every_missing_input_is_listed_as_missing(tmp_path):
     assert "- t1000, replicates 1-5: missing (see its section above)." in lines
     assert "missing: out/bio/tp-t1000/transplant-0.json" in lines
 
+
+def test_the_figure_is_drawn_from_what_there_is(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import study_figure
+    for name, center in (("t1000", 0.02), ("t1000 (5 reps)", 0.02), ("m1000", 0.0)):
+        make_point(tmp_path, name, center)
+    for layer in (0, 1, 2):
+        make_freeze(tmp_path, layer, 0.01 * layer)
+    make_transplant(tmp_path, "transplant-0", 0.03, 0.01)
+    for cka, scale in (("cka-t1000", 3.0), ("cka-m1000", 1.5)):
+        os.makedirs(tmp_path / cka)
+        (tmp_path / cka / "cka.json").write_text(json.dumps(dict(rows=[
+            dict(layer=layer, d_ab=0.01, d_bc=0.01 / scale, r=scale) for layer in ("embeddings", "layer 0", "layer 1")])))
+    png = tmp_path / "fig" / "study.png"
+    study_figure.main(["--out_dir", str(tmp_path), "--png", str(png)])
+    out = capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "skipped: point s250: missing θ0, twins, ft8 results" in out
+    assert "skipped: transplant embeddings + layer 0: missing out/bio/tp-t1000/transplant-embeddings_0.json" in out
+    assert "skipped: freeze" not in out and f"written to {png}" in out
+    assert "CKA r = d(CLM r1, MLM r1) / d(MLM r1, MLM r2): embeddings 1.50, layer 0 1.50, layer 1 1.50" in \
+        "\n".join(study_curve.collect(str(tmp_path))[0])  # m1000's CKA, read from cka-m1000
+    study_figure.main(["--out_dir", str(tmp_path / "empty"), "--png", str(tmp_path / "none.png")])
+    assert "nothing to draw yet" in capsys.readouterr().out and not (tmp_path / "none.png").exists()
