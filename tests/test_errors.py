@@ -82,7 +82,7 @@ ROWS = [
     ("detour", "--eval_interval 0", "--eval_interval 0 must be > 0", ""),
     ("detour", "--ckpt_interval -5", "--ckpt_interval -5 must be > 0", ""),
     ("detour", "--phase sft", "--phase 'sft' must be one of clm | mlm | decay", ""),
-    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | base | large", ""),
+    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | medium | base | large", ""),
     ("detour", "--init_from=", "--init_from '' must be not empty", ""),
     ("detour", "--seq_len long", "--seq_len expects an integer, got 'long'; e.g. --seq_len 64", ""),
     ("detour", "--data_dir {root}/garbage_meta", "garbage_meta/meta.json is not valid JSON", "cli"),
