@@ -66,7 +66,7 @@ TOKENIZER_SAMPLE_MB = 256
 BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)  # MB/s and ETA; off without a tty
 BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
 # What prepare reads, told by the file's ending, each maybe gzipped (+ ".gz"): a directory given as --input contributes
-# these files, and any other file is refused (a .csv, .tsv or .parquet read as lines of text would be garbage documents).
+# these files, and any other file is refused (a .csv, .tsv or .parquet read as lines of text gives garbage documents).
 FORMATS = {".txt": "(a document per line)", ".jsonl": '({"text": ...} per line)', ".xml": "(NLM's PubMed XML)"}
 SUFFIXES = tuple(suffix + gz for gz in ("", ".gz") for suffix in FORMATS)
 RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
@@ -186,7 +186,7 @@ class Corpus:
         events = ET.iterparse(data, events=("start", "end"))
         _, root = next(events)
         if root.tag != "PubmedArticleSet":
-            fail(f"{path} is not PubMed XML (its root is <{root.tag}>, not <PubmedArticleSet>); give NLM's PubMed files")
+            fail(f"{path} is not PubMed XML (its root is <{root.tag}>, not <PubmedArticleSet>); give NLM's files")
         depth = 1
         for event, elem in events:
             depth += 1 if event == "start" else -1
@@ -211,14 +211,15 @@ class Corpus:
 
 
 def pubmed_document(article):
-    """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one document, or "" if it has
-    no abstract text. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext). OtherAbstract (translations,
-    other languages) is left out. A structured abstract keeps its section labels as text ("METHODS: ..."), as PubMed
-    shows it: without them its sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
+    """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one document, or "" if it
+    has no abstract text. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext); OtherAbstract (a
+    translation) is left out. A structured abstract keeps its section labels as text, "METHODS: ...", as PubMed shows
+    it: without them the sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
     text = lambda elem: clean("".join(elem.itertext())) if elem is not None else ""
-    sections = [(s.get("Label", ""), text(s)) for s in article.iterfind("MedlineCitation/Article/Abstract/AbstractText")]
+    sections = [(s.get("Label"), text(s)) for s in article.iterfind("MedlineCitation/Article/Abstract/AbstractText")]
     abstract = [f"{label}: {body}" if label and label != "UNLABELLED" else body for label, body in sections if body]
-    return clean(" ".join([text(article.find("MedlineCitation/Article/ArticleTitle"))] + abstract)) if abstract else ""
+    title = text(article.find("MedlineCitation/Article/ArticleTitle"))
+    return clean(" ".join([title] + abstract)) if abstract else ""
 
 
 def train_tokenizer(docs, vocab_size):
