@@ -465,9 +465,9 @@ def document_ids(idx, sep_token_id):
 
 def load_data(data_dir, split):
     meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
-    for p in (meta_path, bin_path):
-        if not os.path.exists(p):
-            fail(f"{p} not found; run `python data/prepare.py` (or set --data_dir)")
+    if missing := [p for p in (meta_path, bin_path) if not os.path.exists(p)]:  # the command that builds data_dir
+        fail(f"{missing[0]} not found; run `python data/prepare.py --input FILES --out_dir {data_dir}` (without "
+             "--input: a generated corpus), or set --data_dir")
     fix = "re-run data/prepare.py"
     meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id", "sep_token_id",
                                  "mask_token_id", "unk_token_id"), fix)

@@ -419,7 +419,8 @@ def test_a_run_killed_before_meta_json_leaves_nothing_detour_loads(digested, tmp
         prepare.main(argv + ["--seed", "7"])
     monkeypatch.undo()
     assert not (out / "meta.json").exists() and not [f for f in os.listdir(out) if f.startswith(".")]
-    with pytest.raises(SystemExit, match="meta.json not found; run `python data/prepare.py`"):
+    hint = f"meta.json not found; run `python data/prepare.py --input FILES --out_dir {out}`"  # builds that directory
+    with pytest.raises(SystemExit, match=re.escape(hint)):
         detour.load_data(str(out), "train")
     prepare.main(argv)  # a rerun starts clean and writes the same dataset
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
