@@ -41,7 +41,7 @@ preset = "small"           # model shape when init_from=scratch: tiny | small | 
 init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir | resume
 out_dir = ""               # "" = out/<phase> (Phase 1) or <init_from>-decay (decay)
 data_dir = "data/default"  # train.bin / val.bin / meta.json from data/prepare.py
-overwrite = False          # allow out_dir to hold a checkpoint of another phase
+overwrite = False          # a fresh run may replace the checkpoint in out_dir, of any phase (else refused)
 # objective
 mlm_rate = 0.30            # Phase-1 MLM baseline masking rate (paper: 30%)
 decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
@@ -95,17 +95,16 @@ IGNORE = -100  # target value that carries no loss
 # 2. The phases: one entry per row of the README's objectives table. Everything that differs
 # between phases is read from here; cfg.phase only picks the entry.
 @dataclass(frozen=True)
-class Phase:
-    causal: bool                       # attention mask: causal (the detour) or bidirectional
-    targets: str                       # "next" token at every position (clm_batch) | "masked" (mlm_batch)
-    rate: str = ""                     # the constant holding the masking rate ("" = no masking)
-    schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown (lr_at)
-    # continues: starts where a Phase-1 run ended (build_model, start_point): its weights and
-    # AdamW moments (only the schedule restarts), its data stream at the first window it did
-    # not see, its configuration except the keys in `own` (main); budget decay_tokens or
-    # decay_ratio x the Phase-1 tokens (else max_tokens).
+class Phase:  # each field, and after "->" the function where it acts
+    causal: bool                       # causal attention (the detour) or bidirectional -> may_attend
+    targets: str                       # "next" token -> clm_batch | "masked" -> mlm_batch; loss -> LinearCrossEntropy
+    rate: str = ""                     # the constant holding the masking rate ("" = no masking) -> mlm_batch
+    schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown -> lr_at
+    # continues -> start_point: start where a Phase-1 run ended: its weights (build_model) and AdamW moments (only the
+    # schedule restarts), its data stream at the first window it did not see, its configuration (main); budget
+    # decay_tokens or decay_ratio x the Phase-1 tokens (else max_tokens).
     continues: bool = False
-    own: tuple = ()
+    own: tuple = ()                    # the keys a continuing phase does not inherit from Phase 1 -> main
 
 
 PHASES = {
@@ -465,9 +464,9 @@ def document_ids(idx, sep_token_id):
 
 def load_data(data_dir, split):
     meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
-    for p in (meta_path, bin_path):
-        if not os.path.exists(p):
-            fail(f"{p} not found; run `python data/prepare.py` (or set --data_dir)")
+    if missing := [p for p in (meta_path, bin_path) if not os.path.exists(p)]:  # the command that builds data_dir
+        fail(f"{missing[0]} not found; run `python data/prepare.py --input FILES --out_dir {data_dir}` (without "
+             "--input: a generated corpus), or set --data_dir")
     fix = "re-run data/prepare.py"
     meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id", "sep_token_id",
                                  "mask_token_id", "unk_token_id"), fix)

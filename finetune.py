@@ -320,6 +320,8 @@ def paired_bootstrap(a, b, samples=10_000, seed=0):
     means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
+BOOTSTRAP_UNITS = 8  # below it no bootstrap p (None): it takes the units for the population, too few to stand for it
+
 def t_quantile(q, df):
     """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy at run time)."""
     x = np.linspace(0.0, 100.0, 1_000_001)
@@ -536,18 +538,15 @@ def arms_of(ckpt_paths):
 def compare(results, names, first, second, samples=10_000):
     """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
     A, B = results["scores"][first], results["scores"][second]
-    reps = len(A[names[0]]["replicate_means"])  # the same in both arms (arms_of)
-    # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
+    # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index (as many in both arms)
     units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
     flat = [u for n in names for u in units[n]]
-    # the intervals: per task over the replicates (pretraining + fine-tuning noise), or with one
-    # replicate over the paired fine-tuning seeds (fine-tuning noise only); the average's over the units
-    spread = {n: units[n] if reps > 1 else [ra["test"]["main"] - rb["test"]["main"]
-                                            for ra, rb in zip(A[n]["runs"], B[n]["runs"])] for n in names}
-    spread["average"] = flat
+    boot = paired_bootstrap(flat, [0.0] * len(flat), samples) if len(flat) >= BOOTSTRAP_UNITS else None
+    # 95% intervals over units: a task's over its replicates (pretraining + fine-tuning noise), the average's over all;
+    # None from one unit: with one replicate per arm a task has no pretraining spread (its seeds' is fine-tuning's)
     results.update(difference={n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]},
-                   ci95={n: mean_interval(d)[1:] for n, d in spread.items()}, units=flat,
-                   p_sign_flip=sign_flip_p(flat), p_bootstrap=paired_bootstrap(flat, [0.0] * len(flat), samples),
+                   ci95={n: mean_interval(d)[1:] if len(d) > 1 else None for n, d in dict(units, average=flat).items()},
+                   units=flat, p_sign_flip=sign_flip_p(flat), p_bootstrap=boot,
                    detectable_difference=detectable_difference(flat))
 
 def arm_scores(p, arm, names, result):
@@ -690,8 +689,9 @@ def markdown(results, bootstrap_samples):
             rows.append([f"· replicate {k + 1}: {rep}"] + [pct(x) for x in means] + [pct(np.mean(means))])
     if "difference" in results:
         d, ci = results["difference"], results["ci95"]
-        rows.append(["difference (first − second arm) [95% CI]"] + [
-            f"{100 * d[n]:+.1f} [{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" for n in names + ["average"]])
+        na = dict.fromkeys(names, "n/a (1 replicate)") | {"average": "n/a (1 unit)"}  # no interval from one unit
+        rows.append(["difference (first − second arm) [95% CI]"] + [f"{100 * d[n]:+.1f} " + (
+            f"[{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" if ci[n] else f"[{na[n]}]") for n in names + ["average"]])
     cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in results["tasks"]]
     lines = [results["note"], ""] if results.get("note") else []
     lines += md_table(["checkpoint"] + cols + ["average"], rows)
@@ -700,14 +700,14 @@ def markdown(results, bootstrap_samples):
               f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "
               "run, then mean ± std over runs."]
     if "difference" in results:
-        n = len(results["units"])
+        n, boot = len(results["units"]), results["p_bootstrap"]
         lines += ["", f"Units: the {n} (task × pretraining replicate) paired differences, each the first's mean over "
                   f"fine-tuning seeds minus the second's. One-sided tests that the first beats the second: exact "
-                  f"sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = {format_p(0.5 ** n)}); paired "
-                  f"bootstrap p = {format_p(results['p_bootstrap'])} ({bootstrap_samples} resamples, "
-                  "anti-conservative for few units). 95% CI per task: t interval over "
-                  + ("the replicates (pretraining and fine-tuning noise)" if reps > 1 else
-                     "the fine-tuning seeds (fine-tuning noise only: one pretraining run per arm)")
+                  f"sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = {format_p(0.5 ** n)})"
+                  + (f"; paired bootstrap p = {format_p(boot)} ({bootstrap_samples} resamples, anti-conservative for "
+                     "few units). " if boot is not None else f" (no bootstrap p below {BOOTSTRAP_UNITS} units). ")
+                  + ("95% CI per task: t interval over the replicates (pretraining and fine-tuning noise)" if reps > 1
+                     else "95% CI per task: none, one pretraining run per arm (its seeds: fine-tuning noise only)")
                   + "; for the average, over the units. Smallest average difference this design detects (80% power, "
                   f"one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
     for name in names:

@@ -4,6 +4,7 @@
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
     python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json   # *.jsonl.gz shards
+    python data/prepare.py --input baseline/pubmed25n*.xml.gz --name pubmed           # NLM's PubMed XML
 
 Output directory (data/NAME/ or --out_dir):
     tokenizer.json    byte-level BPE (trained here unless --tokenizer is given)
@@ -11,7 +12,8 @@ Output directory (data/NAME/ or --out_dir):
     val.bin           the same for the held-out documents
     val.txt           the held-out documents, one per line (for later analysis)
     train_counts.npy  how often each token id occurs in train.bin (detour's unigram baseline)
-    meta.json         vocab size, dtype, special token ids, counts, source; written last
+    meta.json         vocab size, dtype, special token ids, counts, source (for PubMed XML also the
+                      articles skipped for want of an abstract); written last
 
 Every document is stored as [CLS] tokens [SEP], back to back. The same stream
 serves both phases of the method: the causal LM phase predicts the next token
@@ -35,6 +37,7 @@ import random
 import re
 import sys
 import time
+import xml.etree.ElementTree as ET
 import zlib
 from array import array
 from collections import deque
@@ -62,7 +65,10 @@ DEFAULT_WORLD_SEED = 1234
 TOKENIZER_SAMPLE_MB = 256
 BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)  # MB/s and ETA; off without a tty
 BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
-SUFFIXES = (".txt", ".jsonl", ".txt.gz", ".jsonl.gz")  # what a directory given as --input contributes
+# What prepare reads, told by the file's ending, each maybe gzipped (+ ".gz"): a directory given as --input contributes
+# these files, and any other file is refused (a .csv, .tsv or .parquet read as lines of text gives garbage documents).
+FORMATS = {".txt": "(a document per line)", ".jsonl": '({"text": ...} per line)', ".xml": "(NLM's PubMed XML)"}
+SUFFIXES = tuple(suffix + gz for gz in ("", ".gz") for suffix in FORMATS)
 RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
              val_fraction=RATE, n_docs=(lambda v: v >= 2, ">= 2 (a train and a val document)"), seed=NON_NEGATIVE,
              world_seed=NON_NEGATIVE, group_tokens=(lambda v: v is None or v > 0, "> 0"),
@@ -75,6 +81,11 @@ def clean(text):
     return " ".join(text.split())
 
 
+def format_of(path):
+    """The FORMATS key of a file's ending (.gz aside), or None."""
+    return next((s for s in FORMATS if path.endswith((s, s + ".gz"))), None)
+
+
 def input_files(paths):
     """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted by path."""
     files = []
@@ -83,8 +94,18 @@ def input_files(paths):
             found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(SUFFIXES))
             if not found:
                 fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; give a directory of shards or a file")
+            # One format a directory: a README.txt next to PubMed's .xml.gz files is not a shard.
+            kinds = {}
+            for f in found:
+                kinds.setdefault(format_of(f), f)
+            if len(kinds) > 1:
+                fail(f"the directory {path} mixes {' and '.join(kinds)} files ({', '.join(kinds.values())}); "
+                     "give the files of one format as --input, or move the others out")
             files += found
         elif os.path.isfile(path):
+            if not format_of(path):
+                fail(f"cannot read {path}: prepare reads " + ", ".join(f"{s} {what}" for s, what in FORMATS.items())
+                     + ", each maybe gzipped (.gz), by the file's ending; convert it to one of them")
             files.append(path)
         else:
             fail(f"input file not found: {path} (check the --input path)")
@@ -123,32 +144,58 @@ def parse(lines, path, group_tokens):
 
 
 class Corpus:
-    """The documents of the input files (text or JSONL, each maybe gzipped), read as a stream every
-    time it is iterated; empty documents are dropped, and a file without any is an error. `bar`,
-    when set, advances by the bytes read from disk."""
+    """The documents of the input files (text, JSONL or PubMed XML, each maybe gzipped), read as a stream every
+    time it is iterated; empty documents are dropped, and a file without any is an error. `bar`, when set,
+    advances by the bytes read from disk; `skipped` counts the PubMed articles without an abstract in the last read."""
 
     def __init__(self, paths, group_tokens=None):
-        self.files, self.group_tokens, self.bar = input_files(paths), group_tokens, None
+        self.files, self.group_tokens, self.bar, self.skipped = input_files(paths), group_tokens, None, 0
 
     def size(self):
         return sum(os.path.getsize(f) for f in self.files)
 
     def __iter__(self):
+        self.skipped = 0
         for path in self.files:
-            n_docs = 0
+            n_docs, is_xml = 0, format_of(path) == ".xml"
             with open(path, "rb") as raw:
-                text = io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw, encoding="utf-8")
+                data = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
                 try:
-                    for n_docs, doc in enumerate(filter(None, parse(self._progress(text, raw), path,
-                                                                    self.group_tokens)), 1):
+                    docs = self._progress(self.pubmed(data, path), raw) if is_xml else parse(
+                        self._progress(io.TextIOWrapper(data, encoding="utf-8"), raw), path, self.group_tokens)
+                    for n_docs, doc in enumerate(filter(None, docs), 1):
                         yield doc
                 except UnicodeDecodeError as e:
                     fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); "
                          "convert it (e.g. iconv -t utf-8)")
                 except (EOFError, gzip.BadGzipFile, zlib.error) as e:
                     fail(f"{path} is a truncated or corrupt gzip file ({e}); download or compress it again")
+                except ET.ParseError as e:  # its line in the XML (after gunzip); str(e) ends with the position
+                    fail(f"{path}:{e.position[0]}: not well-formed XML ({str(e).split(':')[0]}); "
+                         "download the file again")
             if not n_docs:
-                fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
+                fail(f"no PubmedArticle with an abstract in {path}; give PubMed XML with abstracts" if is_xml else
+                     f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
+
+    def pubmed(self, data, path):
+        """Yield the documents of NLM's PubMed XML (the baseline's and updates' pubmed*.xml.gz): each PubmedArticle's
+        title, then its abstract; an article without an abstract is skipped and counted. DeleteCitation (PMIDs taken
+        out of PubMed) and PubmedBookArticle (Bookshelf records) are not articles: not read. A stream: iterparse builds
+        the tree a read (16 KB) at a time and every child of the root is cleared once read, so memory holds a read's
+        articles, whatever the file's size (a baseline file: up to 30,000 articles)."""
+        events = ET.iterparse(data, events=("start", "end"))
+        _, root = next(events)
+        if root.tag != "PubmedArticleSet":
+            fail(f"{path} is not PubMed XML (its root is <{root.tag}>, not <PubmedArticleSet>); give NLM's files")
+        depth = 1
+        for event, elem in events:
+            depth += 1 if event == "start" else -1
+            if event == "end" and depth == 1:  # a child of the root, complete
+                if elem.tag == "PubmedArticle":
+                    doc = pubmed_document(elem)
+                    self.skipped += not doc
+                    yield doc
+                root.clear()
 
     def _progress(self, lines, raw, every=4096):
         if self.bar is None:
@@ -161,6 +208,18 @@ class Corpus:
                 self.bar.update(raw.tell() - done)
                 done = raw.tell()
         self.bar.update(raw.tell() - done)
+
+
+def pubmed_document(article):
+    """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one document, or "" if it
+    has no abstract text. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext); OtherAbstract (a
+    translation) is left out. A structured abstract keeps its section labels as text, "METHODS: ...", as PubMed shows
+    it: without them the sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
+    text = lambda elem: clean("".join(elem.itertext())) if elem is not None else ""
+    sections = [(s.get("Label"), text(s)) for s in article.iterfind("MedlineCitation/Article/Abstract/AbstractText")]
+    abstract = [f"{label}: {body}" if label and label != "UNLABELLED" else body for label, body in sections if body]
+    title = text(article.find("MedlineCitation/Article/ArticleTitle"))
+    return clean(" ".join([title] + abstract)) if abstract else ""
 
 
 def train_tokenizer(docs, vocab_size):
@@ -423,6 +482,8 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
             "train_counts": "train_counts.npy",  # detour.py's unigram baseline and vocabulary check
             "max_train_token_id": int(np.flatnonzero(counts)[-1]),
         }
+        if isinstance(docs, Corpus) and any(format_of(f) == ".xml" for f in docs.files):
+            meta["n_articles_without_abstract"] = docs.skipped  # PubMed articles not made documents (pass 2's count)
         commit(out_dir, written, json.dumps(meta, indent=2) + "\n")
     finally:
         remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
@@ -447,25 +508,35 @@ def commit(out_dir, written, meta_text):
     atomic_write(meta_path, lambda f: f.write(meta_text.encode("utf-8")))
 
 
-def main(argv=None):
+def arguments():
+    """The command line; every option's help names its default."""
     p = argparse.ArgumentParser(description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
     p.add_argument("--input", nargs="+", action="extend",
-                   help=".txt (one document per line) or .jsonl ({\"text\": ...} per line), either maybe .gz; "
-                        "several files, or a directory of them (shards); default: generate a corpus with world.py")
+                   help=".txt (one document per line), .jsonl ({\"text\": ...} per line) or NLM's PubMed .xml (a "
+                        "PubmedArticle's title and abstract per document), each maybe .gz; several files, or a "
+                        "directory of one format's files (shards) (default: none, generate a corpus with world.py)")
     p.add_argument("--group_tokens", type=int, default=None,
-                   help="for .txt: join consecutive lines into documents of about N words")
-    p.add_argument("--name", default="default", help="output goes to data/NAME/")
-    p.add_argument("--out_dir", default=None, help="output directory (overrides --name)")
-    p.add_argument("--tokenizer", default=None, help="use this tokenizer.json instead of training one")
-    p.add_argument("--vocab_size", type=int, default=8192, help="size of the trained tokenizer")
+                   help="for .txt: join consecutive lines into documents of about N words (default: none, a line each)")
+    p.add_argument("--name", default="default", help="output goes to data/NAME/ (default: %(default)s)")
+    p.add_argument("--out_dir", default=None, help="output directory, instead of data/NAME/ (default: none)")
+    p.add_argument("--tokenizer", default=None,
+                   help="use this tokenizer.json (default: none, train one of --vocab_size on the input)")
+    p.add_argument("--vocab_size", type=int, default=8192, help="size of the trained tokenizer (default: %(default)s)")
     p.add_argument("--tokenizer_sample_mb", type=float, default=TOKENIZER_SAMPLE_MB,
-                   help="a trained tokenizer learns from the train documents among the input's first N MB")
-    p.add_argument("--val_fraction", type=float, default=0.005, help="fraction of documents held out")
-    p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split")
-    p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS, help="generated documents")
-    p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED, help="seed of the generated corpus")
+                   help="a trained tokenizer learns from the train documents among the input's first N MB "
+                        "(default: %(default)s)")
+    p.add_argument("--val_fraction", type=float, default=0.005,
+                   help="fraction of documents held out (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split (default: %(default)s)")
+    p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS, help="generated documents (default: %(default)s)")
+    p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED,
+                   help="seed of the generated corpus (default: %(default)s)")
     p.error = lambda message: fail(f"{message}; see python data/prepare.py --help")  # argparse's own: exit 2, 2 lines
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = arguments().parse_args(argv)
     check(vars(args), RULES, "data/prepare.py")
 
     t0 = time.time()
@@ -481,7 +552,9 @@ def main(argv=None):
     print(f"prepare.py: {meta['n_train_docs']:,} train + {meta['n_val_docs']:,} val docs, "
           f"{meta['n_train_tokens']:,} train + {meta['n_val_tokens']:,} val tokens, "
           f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} in {time.time() - t0:.1f} s, "
-          f"{meta['n_chars'] / 1e6 / (time.time() - t0):.2f} MB/s")
+          f"{meta['n_chars'] / 1e6 / (time.time() - t0):.2f} MB/s"
+          + (f"; {meta['n_articles_without_abstract']:,} PubMed articles without an abstract skipped"
+             if "n_articles_without_abstract" in meta else ""))
 
 
 if __name__ == "__main__":

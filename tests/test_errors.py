@@ -82,7 +82,7 @@ ROWS = [
     ("detour", "--eval_interval 0", "--eval_interval 0 must be > 0", ""),
     ("detour", "--ckpt_interval -5", "--ckpt_interval -5 must be > 0", ""),
     ("detour", "--phase sft", "--phase 'sft' must be one of clm | mlm | decay", ""),
-    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | base | large", ""),
+    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | medium | base | large", ""),
     ("detour", "--init_from=", "--init_from '' must be not empty", ""),
     ("detour", "--seq_len long", "--seq_len expects an integer, got 'long'; e.g. --seq_len 64", ""),
     ("detour", "--data_dir {root}/garbage_meta", "garbage_meta/meta.json is not valid JSON", "cli"),
@@ -143,6 +143,24 @@ def test_bad_input_is_one_line_and_changes_nothing(env, program, args, message, 
         line = str(e.value.code)
     assert line.startswith("error: ") and "\n" not in line and "; " in line and message in line, line
     assert snapshot(env["data"], env["out"]) == before
+
+
+def test_a_missing_dataset_names_the_command_that_builds_it(tmp_path):
+    data = str(tmp_path / "pubmed")
+    with pytest.raises(SystemExit) as e:
+        detour.main(["--data_dir", data, "--out_dir", str(tmp_path / "clm"), *TINY])
+    line = str(e.value.code)
+    assert line == (f"error: {data}/meta.json not found; run `python data/prepare.py --input FILES --out_dir {data}` "
+                    "(without --input: a generated corpus), or set --data_dir")
+    assert os.listdir(tmp_path) == []  # nothing written, no out_dir
+    # The hinted command, FILES given, builds that very directory, and detour reads it.
+    open(tmp_path / "abstracts.txt", "w").write("".join(f"abstract {i}: aspirin lowered the risk.\n" for i in range(60)))
+    command = line.split("`")[1].replace("FILES", str(tmp_path / "abstracts.txt")).split()
+    r = subprocess.run([sys.executable, *command[1:], "--vocab_size", "300"], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    meta, train = detour.load_data(data, "train")
+    assert meta["n_train_tokens"] == len(train) > 0
 
 
 @pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h")])

@@ -184,6 +184,48 @@ def test_t_quantile_and_interval():
     assert ft.detectable_difference([1.0, 2.0, 3.0] * 4) < ft.detectable_difference([1.0, 2.0, 3.0])
 
 
+def compared(reps, n_tasks, seeds=2):
+    """results as run() builds and compares them, from made-up scores (the first arm 4 points ahead, plus noise)
+    -> (results, results.md's text); no training."""
+    names, rng = [f"task{i}" for i in range(n_tasks)], random.Random(0)
+    arms = [[f"A{r}" for r in range(reps)], [f"B{r}" for r in range(reps)]]
+    result = {(c, n, s): dict(test=dict(main=0.5 + 0.04 * (c[0] == "A") + rng.gauss(0, 0.01)))
+              for arm in arms for c in arm for n in names for s in range(seeds)}
+    labels = ["+".join(arm) for arm in arms]
+    results = dict(checkpoints=labels, seeds=list(range(seeds)), tasks=[
+        dict(name=n, kind="cls", main="f1", probe=False) for n in names],
+        scores={label: ft.arm_scores(ft.Protocol(seeds=seeds), arm, names, result) for label, arm in zip(labels, arms)})
+    ft.compare(results, names, *labels, samples=500)
+    return results, ft.markdown(results, 500)
+
+
+def test_one_replicate_prints_no_task_interval_and_few_units_no_bootstrap_p():
+    # One pretraining run per arm: a task's interval would be its fine-tuning seeds' (or [d, d] with one seed).
+    for seeds in (1, 3):
+        res, md = compared(reps=1, n_tasks=3, seeds=seeds)
+        assert all(res["ci95"][f"task{i}"] is None for i in range(3)) and res["p_bootstrap"] is None
+        assert json.loads(json.dumps(res))["ci95"]["task0"] is None                   # results.json: null
+        row = next(line for line in md.splitlines() if line.startswith("| difference"))
+        cells = row.strip("| ").split(" | ")[1:]
+        assert [c.split(" ", 1)[1] for c in cells[:3]] == ["[n/a (1 replicate)]"] * 3, row
+        lo, hi = res["ci95"]["average"]  # the average's: over the 3 task units
+        assert lo < res["difference"]["average"] < hi and cells[3] == (
+            f"{100 * res['difference']['average']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+        assert "exact sign-flip p = 0.125 (floor 1/2^3 = 0.125) (no bootstrap p below 8 units). 95% CI per task: " \
+               "none, one pretraining run per arm" in md and "paired bootstrap p" not in md
+    res, md = compared(reps=1, n_tasks=1)  # one unit in all: no interval for the average either
+    assert res["ci95"] == {"task0": None, "average": None} and "[n/a (1 unit)] |" in md
+    # Two replicates: every task has an interval; 3 tasks are 6 units, still no bootstrap p; 4 tasks are 8.
+    res, md = compared(reps=2, n_tasks=3)
+    assert all(lo < hi for lo, hi in res["ci95"].values()) and "n/a" not in md and res["p_bootstrap"] is None
+    assert "(floor 1/2^6 = 0.016) (no bootstrap p below 8 units). 95% CI per task: t interval over the replicates" in md
+    res, md = compared(reps=2, n_tasks=4)
+    assert res["p_bootstrap"] == ft.paired_bootstrap(res["units"], [0.0] * 8, 500) and "n/a" not in md
+    assert (f"(floor 1/2^8 = 0.0039); paired bootstrap p = {ft.format_p(res['p_bootstrap'])} (500 resamples, "
+            "anti-conservative for few units). 95% CI per task: t interval over the replicates (pretraining and "
+            "fine-tuning noise); for the average, over the units.") in md
+
+
 # ----------------------------------------------------------------------------------------
 # readers and their errors
 # ----------------------------------------------------------------------------------------

@@ -379,7 +379,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
         (["--input", str(tmp_path / "bad.jsonl.gz")], re.escape(f"{tmp_path / 'bad.jsonl.gz'}:3: not valid JSON")),
         (["--input", str(good), str(tmp_path / "truncated.jsonl.gz")], "truncated.jsonl.gz is a truncated or corrupt gzip"),
         (["--input", str(tmp_path / "shards")], re.escape(f"no documents in {tmp_path / 'shards' / '2.jsonl.gz'}")),
-        (["--input", str(tmp_path / "empty")], "no .txt / .jsonl / .txt.gz / .jsonl.gz files in the directory"),
+        (["--input", str(tmp_path / "empty")], "no .txt / .jsonl / .xml / .txt.gz / .jsonl.gz / .xml.gz files in the dir"),
         (["--input", str(good), "--out_dir", str(tmp_path / "a_file")], "a_file is a file; give a directory"),
         (["--input", str(good), "--tokenizer", str(tmp_path / "empty")], "empty is a directory; give the tokenizer.json"),
     ]
@@ -419,7 +419,175 @@ def test_a_run_killed_before_meta_json_leaves_nothing_detour_loads(digested, tmp
         prepare.main(argv + ["--seed", "7"])
     monkeypatch.undo()
     assert not (out / "meta.json").exists() and not [f for f in os.listdir(out) if f.startswith(".")]
-    with pytest.raises(SystemExit, match="meta.json not found; run `python data/prepare.py`"):
+    hint = f"meta.json not found; run `python data/prepare.py --input FILES --out_dir {out}`"  # builds that directory
+    with pytest.raises(SystemExit, match=re.escape(hint)):
         detour.load_data(str(out), "train")
     prepare.main(argv)  # a rerun starts clean and writes the same dataset
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+
+
+# --- PubMed XML, and formats prepare does not read ---------------------------
+
+# NLM's PubMed XML as the baseline files hold it: a structured abstract (labels, copyright, a translation in
+# OtherAbstract), inline markup, an article without an abstract, a DeleteCitation, a Bookshelf record.
+PUBMED = """<?xml version="1.0" encoding="utf-8"?>
+<!DOCTYPE PubmedArticleSet PUBLIC "-//NLM//DTD PubMedArticle, 1st January 2025//EN" "https://dtd.nlm.nih.gov/ncbi/pubmed/out/pubmed_250101.dtd">
+<PubmedArticleSet>
+<PubmedArticle>
+  <MedlineCitation Status="MEDLINE" Owner="NLM">
+    <PMID Version="1">101</PMID>
+    <Article PubModel="Print">
+      <Journal><Title>Journal of Tests</Title></Journal>
+      <ArticleTitle>Metformin in type 2 diabetes.</ArticleTitle>
+      <Abstract>
+        <AbstractText Label="BACKGROUND" NlmCategory="BACKGROUND">Metformin is first-line.</AbstractText>
+        <AbstractText Label="METHODS" NlmCategory="METHODS">We   randomized
+          120 patients.</AbstractText>
+        <AbstractText Label="UNLABELLED" NlmCategory="UNASSIGNED">Funded by nobody.</AbstractText>
+        <AbstractText/>
+        <CopyrightInformation>Copyright 2024 The Authors.</CopyrightInformation>
+      </Abstract>
+    </Article>
+    <OtherAbstract Type="Publisher" Language="ger"><AbstractText>Eine Zusammenfassung.</AbstractText></OtherAbstract>
+  </MedlineCitation>
+  <PubmedData><ArticleIdList><ArticleId IdType="pubmed">101</ArticleId></ArticleIdList></PubmedData>
+</PubmedArticle>
+<PubmedArticle>
+  <MedlineCitation Status="MEDLINE" Owner="NLM">
+    <PMID Version="1">102</PMID>
+    <Article PubModel="Electronic">
+      <ArticleTitle>Role of <i>BRCA1</i> in calcium signalling.</ArticleTitle>
+      <Abstract><AbstractText>Ca<sup>2+</sup> levels rose 10<sup>3</sup>-fold in <i>E. coli</i> &amp; <b>yeast</b>.</AbstractText></Abstract>
+    </Article>
+  </MedlineCitation>
+</PubmedArticle>
+<PubmedArticle>
+  <MedlineCitation Status="MEDLINE" Owner="NLM">
+    <PMID Version="1">103</PMID>
+    <Article PubModel="Print"><ArticleTitle>A letter without an abstract.</ArticleTitle></Article>
+  </MedlineCitation>
+</PubmedArticle>
+<DeleteCitation>
+  <PMID Version="1">104</PMID>
+  <PMID Version="1">105</PMID>
+</DeleteCitation>
+<PubmedBookArticle>
+  <BookDocument><PMID Version="1">106</PMID><Abstract><AbstractText>A book chapter.</AbstractText></Abstract></BookDocument>
+</PubmedBookArticle>
+<PubmedArticle>
+  <MedlineCitation Status="MEDLINE" Owner="NLM">
+    <PMID Version="1">107</PMID>
+    <Article PubModel="Print">
+      <ArticleTitle>Aspirin after stroke.</ArticleTitle>
+      <Abstract><AbstractText>Aspirin lowered the risk of a second stroke.</AbstractText></Abstract>
+    </Article>
+  </MedlineCitation>
+</PubmedArticle>
+</PubmedArticleSet>
+"""
+PUBMED_DOCS = ["Metformin in type 2 diabetes. BACKGROUND: Metformin is first-line. METHODS: We randomized 120 patients. "
+               "Funded by nobody.",
+               "Role of BRCA1 in calcium signalling. Ca2+ levels rose 103-fold in E. coli & yeast.",
+               "Aspirin after stroke. Aspirin lowered the risk of a second stroke."]
+
+
+def test_pubmed_xml_gives_title_and_abstract_per_article(tmp_path, monkeypatch):
+    xml = tmp_path / "pubmed25n0001.xml"
+    xml.write_text(PUBMED, encoding="utf-8")
+    with gzip.open(tmp_path / "pubmed25n0002.xml.gz", "wt", encoding="utf-8") as f:
+        f.write(PUBMED)
+    for path in (xml, tmp_path / "pubmed25n0002.xml.gz"):
+        corpus = prepare.Corpus([str(path)])
+        assert list(corpus) == PUBMED_DOCS and corpus.skipped == 1  # PMID 103: no abstract
+    # Streamed: iterparse builds the tree a chunk (16 KB) at a time, and each article is cleared off the root once
+    # read, so the root holds a chunk's articles at most, not the file's (3,000 here; PubMed's files: 30,000).
+    start = PUBMED.index("<PubmedArticle>")
+    article = PUBMED[start:PUBMED.index("<PubmedArticle>", start + 1)]
+    (tmp_path / "big.xml").write_text("<PubmedArticleSet>" + article * 3000 + "</PubmedArticleSet>")
+    held, iterparse = [], prepare.ET.iterparse
+
+    def recording(*args, **kw):
+        for event, elem in iterparse(*args, **kw):
+            root = held[0][0] if held else elem
+            held.append((root, len(root)))
+            yield event, elem
+
+    monkeypatch.setattr(prepare.ET, "iterparse", recording)
+    assert sum(1 for _ in prepare.Corpus([str(tmp_path / "big.xml")])) == 3000
+    monkeypatch.undo()
+    assert 0 < max(n for _, n in held) < 300
+    # End to end, twice the file: the skipped count reaches meta.json and the summary line.
+    out = tmp_path / "out"
+    prepare.main(["--input", str(xml), str(tmp_path / "pubmed25n0002.xml.gz"), "--out_dir", str(out),
+                  "--vocab_size", "300", "--val_fraction", "0.2"])
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["n_articles_without_abstract"] == 2 and meta["n_train_docs"] + meta["n_val_docs"] == 6
+    val = (out / "val.txt").read_text().splitlines()
+    assert len(val) == meta["n_val_docs"] == 1 and val[0] in PUBMED_DOCS
+    script = os.path.join(DATA, "prepare.py")
+    run = subprocess.run([sys.executable, script, "--input", str(xml), "--out_dir", str(tmp_path / "cli"),
+                          "--vocab_size", "300"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and "; 1 PubMed articles without an abstract skipped" in run.stdout, run.stderr
+    # Text and JSONL inputs keep their meta.json as it was: no PubMed field.
+    (tmp_path / "docs.txt").write_text("\n".join(PUBMED_DOCS) + "\n")
+    prepare.main(["--input", str(tmp_path / "docs.txt"), "--out_dir", str(tmp_path / "txt"), "--vocab_size", "300"])
+    assert "n_articles_without_abstract" not in json.loads((tmp_path / "txt" / "meta.json").read_text())
+
+
+def test_bad_pubmed_xml_is_one_line_and_leaves_the_dataset(tmp_path):
+    good = tmp_path / "good.xml"
+    good.write_text(PUBMED, encoding="utf-8")
+    out = tmp_path / "out"
+    prepare.main(["--input", str(good), "--out_dir", str(out), "--vocab_size", "300"])
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    lines = PUBMED.splitlines(keepends=True)
+    broken = next(i for i, line in enumerate(lines) if "Aspirin after stroke" in line)
+    (tmp_path / "malformed.xml").write_text("".join(lines[:broken]) + "      <ArticleTitle>Aspirin</Title>\n"
+                                            + "".join(lines[broken + 1:]))
+    body = gzip.compress(PUBMED.encode())
+    (tmp_path / "truncated.xml.gz").write_bytes(body[:len(body) // 2])
+    (tmp_path / "other.xml").write_text('<?xml version="1.0"?><html><p>not PubMed</p></html>')
+    (tmp_path / "deleted.xml").write_text("<PubmedArticleSet><DeleteCitation><PMID>1</PMID></DeleteCitation>"
+                                          "</PubmedArticleSet>")
+    (tmp_path / "latin1.xml").write_bytes(b"<PubmedArticleSet>caf\xe9</PubmedArticleSet>")
+    cases = [
+        ("malformed.xml", re.escape(f"{tmp_path / 'malformed.xml'}:{broken + 1}: not well-formed XML (mismatched tag)")),
+        ("truncated.xml.gz", "truncated.xml.gz is a truncated or corrupt gzip file"),
+        ("other.xml", re.escape("other.xml is not PubMed XML (its root is <html>, not <PubmedArticleSet>)")),
+        ("deleted.xml", "no PubmedArticle with an abstract in .*deleted.xml"),
+        ("latin1.xml", re.escape(f"{tmp_path / 'latin1.xml'}:1: not well-formed XML (not well-formed (invalid token))")),
+    ]
+    for name, match in cases:
+        one_line_error(["--input", str(good), str(tmp_path / name), "--out_dir", str(out), "--seed", "7"], match)
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before  # the dataset as it was, no temp files
+
+
+def test_inputs_of_other_formats_are_refused(tmp_path):
+    formats = re.escape('prepare reads .txt (a document per line), .jsonl ({"text": ...} per line), .xml (NLM\'s '
+                        'PubMed XML), each maybe gzipped (.gz), by the file\'s ending; convert it')
+    for name in ("notes.csv", "table.tsv", "corpus.parquet", "abstracts.json", "corpus", "pubmed.xml.zip"):
+        (tmp_path / name).write_text("text,label\nsome words,1\n")
+        one_line_error(["--input", str(tmp_path / name), "--out_dir", str(tmp_path / "out")],
+                       re.escape(f"cannot read {tmp_path / name}: ") + formats)
+    # A directory contributes its files of one format: a README.txt among PubMed's files is not a shard.
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline" / "pubmed25n0001.xml.gz").write_bytes(gzip.compress(PUBMED.encode()))
+    (tmp_path / "baseline" / "pubmed25n0001.xml.gz.md5").write_text("0123\n")  # not a SUFFIXES file: ignored
+    (tmp_path / "baseline" / "README.txt").write_text("PubMed baseline files\n")
+    one_line_error(["--input", str(tmp_path / "baseline"), "--out_dir", str(tmp_path / "out")],
+                   re.escape(f"the directory {tmp_path / 'baseline'} mixes .txt and .xml files "
+                             f"({tmp_path / 'baseline' / 'README.txt'}, {tmp_path / 'baseline' / 'pubmed25n0001.xml.gz'})"))
+    assert not (tmp_path / "out").exists()
+    os.remove(tmp_path / "baseline" / "README.txt")
+    assert list(prepare.Corpus([str(tmp_path / "baseline")])) == PUBMED_DOCS
+
+
+def test_help_names_every_default():
+    run = subprocess.run([sys.executable, os.path.join(DATA, "prepare.py"), "--help"], capture_output=True, text=True,
+                         timeout=60)
+    text = " ".join(run.stdout.split())  # argparse wraps at the terminal's width
+    assert run.returncode == 0 and text.startswith("usage: prepare.py"), run.stderr
+    for action in prepare.arguments()._actions[1:]:  # after -h
+        assert "(default: " in action.help, action.dest
+        if action.default is not None:
+            assert f"(default: {action.default})" in text, action.dest
