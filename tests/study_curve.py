@@ -125,8 +125,9 @@ def point_report(out, name):
               "replicates):", "", "| " + " | ".join(names + ["average"]) + " |", "|" + "---|" * (len(names) + 1),
               "| " + " | ".join(interval(s["tasks"][n][0], s["tasks"][n][1:]) for n in names)
               + f" | {interval(s['d'], s['ci'])} |", "",
-              f"{s['units']} units; sign-flip p = {finetune.format_p(s['p'])}, bootstrap p = "
-              f"{finetune.format_p(s['p_bootstrap'])}, detectable difference {s['detectable']:.1f} "
+              f"{s['units']} units; sign-flip p = {finetune.format_p(s['p'])}, " + (
+                  "no bootstrap p below 8 units" if s["p_bootstrap"] is None else
+                  f"bootstrap p = {finetune.format_p(s['p_bootstrap'])}") + f", detectable difference {s['detectable']:.1f} "
               f"points (out/bio/{pt.grid}/results.md).", ""]
     cka = read_json(out, pt.cka, "cka.json") if pt.cka else None
     if cka:
