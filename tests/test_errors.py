@@ -82,7 +82,7 @@ ROWS = [
     ("detour", "--eval_interval 0", "--eval_interval 0 must be > 0", ""),
     ("detour", "--ckpt_interval -5", "--ckpt_interval -5 must be > 0", ""),
     ("detour", "--phase sft", "--phase 'sft' must be one of clm | mlm | decay", ""),
-    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | base | large", ""),
+    ("detour", "--preset huge", "--preset 'huge' must be one of tiny | small | medium | base | large", ""),
     ("detour", "--init_from=", "--init_from '' must be not empty", ""),
     ("detour", "--seq_len long", "--seq_len expects an integer, got 'long'; e.g. --seq_len 64", ""),
     ("detour", "--data_dir {root}/garbage_meta", "garbage_meta/meta.json is not valid JSON", "cli"),
@@ -143,6 +143,21 @@ def test_bad_input_is_one_line_and_changes_nothing(env, program, args, message, 
         line = str(e.value.code)
     assert line.startswith("error: ") and "\n" not in line and "; " in line and message in line, line
     assert snapshot(env["data"], env["out"]) == before
+
+
+@pytest.mark.parametrize("bad,value,cli", [("ID", "3%4", "cli"), ("ID", None, ""), ("MIN", "one", ""),
+                                           ("COUNT", "", "")])
+def test_a_slurm_array_variable_that_is_not_a_number_is_one_line(env, monkeypatch, bad, value, cli):
+    """finetune.py in a SLURM job array takes its shard from $SLURM_ARRAY_TASK_ID - _MIN / _COUNT (test_grid); one that
+    is not a number (or an ID unset) is the one-line error naming it, as a bad --shard is, not int()'s traceback."""
+    for key, ok in (("ID", "3"), ("MIN", "1"), ("COUNT", "4")):
+        monkeypatch.setenv("SLURM_ARRAY_TASK_" + key, ok)
+    if value is None:
+        monkeypatch.delenv("SLURM_ARRAY_TASK_" + bad)
+    else:
+        monkeypatch.setenv("SLURM_ARRAY_TASK_" + bad, value)
+    test_bad_input_is_one_line_and_changes_nothing(
+        env, "finetune", "", f"$SLURM_ARRAY_TASK_{bad} is {value or ''!r}, not a number; give --shard i/n", cli)
 
 
 @pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h")])
