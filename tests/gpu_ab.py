@@ -21,7 +21,7 @@ Without CUDA (and without --cpu_smoke) it prints one line and exits 0. In order:
             rotation compiles nothing new (past every recompile: "recompiles" counts graphs after the first step), a
             median of --steps steps per row (CUDA events; perf_counter on a CPU), peak memory, graphs, recompiles and
             graph breaks (dynamo's counters), one profiled step summed by kernel class. JSON after every variant;
-            --budget skips a variant its estimate (the longest done of its compile mode) would not fit.
+            --budget skips a variant its estimate (estimate_s) would not fit.
 Flags: eager (no compile) | regional (each Layer.forward compiled once for all layers, the head and its loss on their
 own) | bf16 (a bf16 residual stream: explicit dtypes; fp32 master weights, softmax, loss, AdamW state) | rope (RoPE
 as one expression, no cat, on q and k together) | loss[:chunk] (the loss's gradient in one pass: no index_put, no
@@ -68,8 +68,8 @@ MODE_FLAGS = ("eager", "regional")  # how the model runs: exclusive; "best" take
 # 3.5e-6, which is why the gradients are compared one parameter at a time).
 TOL = {"same": dict(loss=1e-3, grad_norm=1e-2, grads=5e-2), "bf16": dict(loss=1e-2, grad_norm=5e-2, grads=1e-1)}
 TARGETS = dict(mfu=0.35, tok_s=430_000, clm_over_mlm=1.1, first_step_s=20.0)
-# A variant's time before one of its compile mode ran (a guess; then the longest done of its mode). Compiled: a static
-# first compile of the base preset took 80-104 s on an H200, and rotating batches add the dynamic spans' recompile.
+# A variant's time before one of its compile mode ran (a guess; then estimate_s). Compiled: a static first compile
+# of the base preset took 80-104 s on an H200, and rotating batches add the dynamic spans' recompile.
 PRIOR_S = {"compiled": 200.0, "regional": 90.0, "eager": 40.0}
 
 
@@ -597,9 +597,10 @@ def check_row(S, row, grads, refs):
 
 
 def estimate_s(S, rows, mode):
-    """How long a variant of this compile mode will take: the longest done of its mode, else PRIOR_S."""
+    """How long a variant of this compile mode will take: the median of the done ones of its mode (the first one
+    compiles cold; later ones find the graphs they share with it in inductor's on-disk cache), else PRIOR_S."""
     done = [r["wall_s"] for r in rows if r["mode"] == mode and r["status"] != "skip"]
-    return max(done) if done else 0.0 if S.smoke else PRIOR_S[mode]
+    return statistics.median(done) if done else 0.0 if S.smoke else PRIOR_S[mode]
 
 
 # ----------------------------------------------------------------------------------------
@@ -611,7 +612,7 @@ def estimate_s(S, rows, mode):
 # (two compiles of the base preset: static, then with dynamic spans) and what refines the best. --budget cuts the list
 # from its end.
 GPU_VARIANTS = ("eager,eager+clm,regional,regional+bf16,regional+rope,regional+loss:4096,regional+micro:4,best,"
-                "regional+clm,best+clm,baseline,clm,regional+loss,regional+loss:2048,regional+loss:8192,"
+                "best+clm,regional+clm,baseline,clm,regional+loss,regional+loss:2048,regional+loss:8192,"
                 "regional+micro:8,micro:4")
 SMOKE_VARIANTS = "baseline,eager,regional,bf16,rope,loss:64,micro:4,clm,regional+clm,best"
 SMOKE = dict(preset="tiny", vocab=512, T=128, step_tokens=512, micro=2, pool=2, steps=2, reps=3, rows="study,long",
@@ -751,7 +752,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", default=GPU_VARIANTS, help="comma-separated, in order; flags joined by +")
     p.add_argument("--budget", type=float, default=None, help="seconds for the run: variants that would overrun it "
-                   "(estimated from the done ones of their compile mode) are skipped, and listed; default: no limit")
+                   "(estimate_s) are skipped, and listed; default: no limit")
     p.add_argument("--out", default="out/gpu_ab.json")
     p.add_argument("--preset", default="base")
     p.add_argument("--vocab", type=int, default=50368, help="ModernBERT's vocabulary: the head weighs its weight")
