@@ -733,10 +733,11 @@ def main(argv=None):
     settings = asdict(Protocol())
     given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
                                    ("class Protocol", "\nCPU_DEFAULTS"))
-    env = os.environ
-    if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in env:  # a SLURM job array: one shard per array task
-        settings["shard"] = (f"{int(env['SLURM_ARRAY_TASK_ID']) - int(env.get('SLURM_ARRAY_TASK_MIN', 0))}"
-                             f"/{env['SLURM_ARRAY_TASK_COUNT']}")
+    array = {k: os.environ.get("SLURM_ARRAY_TASK_" + k, "0" if k == "MIN" else "") for k in ("ID", "MIN", "COUNT")}
+    if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in os.environ:  # a SLURM job array: one shard per array task
+        if bad := next((k for k, v in array.items() if not v.isdigit()), None):
+            fail(f"$SLURM_ARRAY_TASK_{bad} is {array[bad]!r}, not a number; give --shard i/n (it wins over the array)")
+        settings["shard"] = f"{int(array['ID']) - int(array['MIN'])}/{array['COUNT']}"
     detour.check(settings, RULES, "finetune.py")
     for key in ("out_dir", "tasks_dir"):  # before anything is read or written
         if os.path.exists(settings[key]) and not os.path.isdir(settings[key]):
@@ -756,9 +757,8 @@ def main(argv=None):
     found = [q for q in paths if all(os.path.isdir(r) for r in q.split("+") if r)]
     if not found:
         fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
-    for q in paths:
-        if q not in found:
-            print(f"note: {q} not found, skipped")
+    for q in [q for q in paths if q not in found]:
+        print(f"note: {q} not found, skipped")
     return run(p, found, p.tasks)
 
 

@@ -163,6 +163,21 @@ def test_a_missing_dataset_names_the_command_that_builds_it(tmp_path):
     assert meta["n_train_tokens"] == len(train) > 0
 
 
+@pytest.mark.parametrize("bad,value,cli", [("ID", "3%4", "cli"), ("ID", None, ""), ("MIN", "one", ""),
+                                           ("COUNT", "", "")])
+def test_a_slurm_array_variable_that_is_not_a_number_is_one_line(env, monkeypatch, bad, value, cli):
+    """finetune.py in a SLURM job array takes its shard from $SLURM_ARRAY_TASK_ID - _MIN / _COUNT (test_grid); one that
+    is not a number (or an ID unset) is the one-line error naming it, as a bad --shard is, not int()'s traceback."""
+    for key, ok in (("ID", "3"), ("MIN", "1"), ("COUNT", "4")):
+        monkeypatch.setenv("SLURM_ARRAY_TASK_" + key, ok)
+    if value is None:
+        monkeypatch.delenv("SLURM_ARRAY_TASK_" + bad)
+    else:
+        monkeypatch.setenv("SLURM_ARRAY_TASK_" + bad, value)
+    test_bad_input_is_one_line_and_changes_nothing(
+        env, "finetune", "", f"$SLURM_ARRAY_TASK_{bad} is {value or ''!r}, not a number; give --shard i/n", cli)
+
+
 @pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h")])
 def test_help_lists_every_option_with_its_default_and_comment(program, flag):
     r = subprocess.run([sys.executable, os.path.join(ROOT, program), flag], capture_output=True, text=True,
