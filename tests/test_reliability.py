@@ -146,7 +146,7 @@ def test_cli_errors_are_one_line_and_nonzero(tiny_data):
 
 def test_missing_and_empty_train_bin(tiny_data, tmp_path):
     os.remove(os.path.join(tiny_data, "train.bin"))
-    with pytest.raises(SystemExit, match="train.bin not found; run `python data/prepare.py`"):
+    with pytest.raises(SystemExit, match=f"train.bin not found; run `python data/prepare.py --input FILES --out_dir {tiny_data}`"):
         detour.main(["--data_dir", tiny_data, "--out_dir", str(tmp_path / "o"), *TINY_RUN])
     open(os.path.join(tiny_data, "train.bin"), "wb").close()
     with pytest.raises(SystemExit, match="train.bin is empty"):
