@@ -3,16 +3,20 @@ alone, and peak memory against corpus size.
 
     python tests/benchmark_prepare.py                        # 250 MB and 1 GB corpora under /tmp
     python tests/benchmark_prepare.py --sizes 50 --bare_sizes 50 --baseline ""   # a quick look
+    python tests/benchmark_prepare.py --format xml           # the same corpora as PubMed baseline XML
 
 It builds corpora of gzipped JSONL shards (64 MB of text each, as PubMed dumps come) by repeating
-base documents (--source files, else world.corpus) in a fresh shuffled order per repeat, then
-prints, from one run on one machine:
+base documents (--source files, else world.corpus) in a fresh shuffled order per repeat; with
+--format xml, of gzipped PubMed baseline XML shards instead (pubmed25nNNNN.xml.gz, see
+pubmed_article), the reader's path a paper-scale run takes. Then it prints, from one run on one
+machine:
   - prepare.py's MB/s (characters of cleaned text over wall time, reading and writing included)
     and peak RSS at each size, and RSS at the largest size over the smallest (flat: <= 1.25x);
   - bare `tokenizer.encode_batch` over the same documents already in memory, in the batches
     prepare uses: the physical limit (target: prepare >= 0.7x of it); and `encode_batch_fast`, the
     call prepare makes (the same ids, no character offsets), the limit of what prepare does;
-  - the code before streaming (--baseline, a git revision) on the smallest corpus: its peak RSS;
+  - the code before streaming (--baseline, a git revision) on the smallest corpus, as one plain
+    .jsonl of the same text (it reads no .gz, no directory, no XML): its peak RSS;
   - detour.py's start-up on each prepared corpus (wall time of a one-step run, and of the same
     run on data/default/ for reference): no scan of train.bin, so flat in corpus size.
 Every program runs in its own process; RSS is that process's peak (wait4's ru_maxrss). The
@@ -30,13 +34,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "data")]
 import prepare  # noqa: E402
 import world  # noqa: E402
 
-SHARD_CHARS = 64 * 10 ** 6
+SHARD_MB = 64
+# A <PubmedArticle> as NLM's baseline files have it, less most metadata; PMID, title and abstract filled in.
+ARTICLE = ('<PubmedArticle><MedlineCitation Status="MEDLINE" Owner="NLM"><PMID Version="1">{pmid}</PMID>'
+           '<Article PubModel="Print"><Journal><ISSN IssnType="Electronic">1234-5678</ISSN><Title>Journal of Tests'
+           '</Title></Journal><ArticleTitle>{title}</ArticleTitle>{abstract}<AuthorList CompleteYN="Y"><Author '
+           'ValidYN="Y"><LastName>Doe</LastName><ForeName>Jane</ForeName><Initials>J</Initials></Author></AuthorList>'
+           '</Article><MeshHeadingList><MeshHeading><DescriptorName UI="D006801" MajorTopicYN="N">Humans'
+           '</DescriptorName></MeshHeading></MeshHeadingList></MedlineCitation><PubmedData><ArticleIdList><ArticleId '
+           'IdType="pubmed">{pmid}</ArticleId></ArticleIdList></PubmedData></PubmedArticle>\n')
 
 
 def measured(cmd, **kw):
@@ -58,31 +71,67 @@ def base_documents(sources):
     return [d for d in map(prepare.clean, world.corpus(20000, seed=99)) if d]
 
 
-def build_corpus(directory, docs, mb, plain=None):
-    """Shards of about SHARD_CHARS characters of JSONL (gzip level 1) until `mb` MB; also one plain
-    .jsonl at `plain` (for the code before streaming, which reads no .gz and no directory)."""
+def jsonl_record(doc, n):
+    """(a document's line in a JSONL shard, the document prepare reads from it)."""
+    return json.dumps({"text": doc}, ensure_ascii=False) + "\n", doc
+
+
+def pubmed_article(doc, n):
+    """(the n-th document as a <PubmedArticle>, the document prepare makes of it: "" for none). Its first sentence is
+    the ArticleTitle, the rest the AbstractText: in every 4th article two sections with a Label, in every 3rd the first
+    word of each in <i>; every 50th article has no abstract (prepare skips it)."""
+    cut = doc.find(" . ") + 1 or len(doc)
+    title, abstract = doc[:cut + 1], doc[cut + 2:] if n % 50 else ""
+    mid = abstract.find(" . ", len(abstract) // 2) + 1 if n % 4 == 1 else 0
+    sections = [("BACKGROUND", abstract[:mid + 1]), ("METHODS", abstract[mid + 2:])] if mid else [(None, abstract)]
+    sections = [(label, body) for label, body in sections if body]
+    markup = lambda body: "<i>{}</i>{}{}".format(*map(escape, body.partition(" "))) if n % 3 == 0 else escape(body)
+    xml = "".join("<AbstractText{}>{}</AbstractText>".format(f' Label="{label}"' if label else "", markup(body))
+                  for label, body in sections)
+    text = " ".join([title] + [f"{label}: {body}" if label else body for label, body in sections])
+    return (ARTICLE.format(pmid=n + 1, title=escape(title), abstract=xml and f"<Abstract>{xml}</Abstract>"),
+            text if sections else "")
+
+
+# --format: a shard's file name, its first and last lines, a document's record in it.
+FORMATS = {
+    "jsonl": ("shard_{:05d}.jsonl.gz", "", "", jsonl_record),
+    "xml": ("pubmed25n{:04d}.xml.gz", '<?xml version="1.0" encoding="utf-8"?>\n<PubmedArticleSet>\n<DeleteCitation>'
+            '<PMID Version="1">1</PMID></DeleteCitation>\n', "</PubmedArticleSet>\n", pubmed_article),
+}
+
+
+def build_corpus(directory, docs, mb, plain=None, fmt="jsonl", shard_mb=SHARD_MB):
+    """Shards of about `shard_mb` MB of text in `fmt` (FORMATS; gzip level 1) until `mb` MB of the text prepare
+    reads; also one plain .jsonl of that text at `plain` (for the code before streaming, which reads no .gz, no
+    XML and no directory)."""
     os.makedirs(directory, exist_ok=True)
-    target, chars, shard, rep = mb * 10 ** 6, 0, None, 0
+    name, head, tail, record = FORMATS[fmt]
+    target, chars, shard, rep, n = mb * 10 ** 6, 0, None, 0, 0
     whole = open(plain, "w", encoding="utf-8") if plain else None
     while chars < target:
         order = list(range(len(docs)))
         random.Random(rep).shuffle(order)
         rep += 1
         for i in order:
-            if shard is None or shard_chars >= SHARD_CHARS:
+            if shard is None or shard_chars >= shard_mb * 10 ** 6:
                 if shard:
+                    shard.write(tail)
                     shard.close()
-                shard = gzip.open(os.path.join(directory, f"shard_{len(os.listdir(directory)):05d}.jsonl.gz"),
+                shard = gzip.open(os.path.join(directory, name.format(len(os.listdir(directory)))),
                                   "wt", encoding="utf-8", compresslevel=1)
+                shard.write(head)
                 shard_chars = 0
-            line = json.dumps({"text": docs[i]}, ensure_ascii=False) + "\n"
+            line, doc = record(docs[i], n)
+            n += 1
             shard.write(line)
-            if whole:
-                whole.write(line)
-            shard_chars += len(docs[i])
-            chars += len(docs[i])
+            if whole and doc:
+                whole.write(jsonl_record(doc, n)[0])
+            shard_chars += len(doc)
+            chars += len(doc)
             if chars >= target:
                 break
+    shard.write(tail)
     shard.close()
     if whole:
         whole.close()
@@ -127,6 +176,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="250,1000", help="corpus sizes in MB of text")
     p.add_argument("--bare_sizes", default="250", help="sizes at which bare encode_batch is timed too")
+    p.add_argument("--format", choices=FORMATS, default="jsonl", help="the shards: gzipped JSONL or PubMed XML")
+    p.add_argument("--shard_mb", type=int, default=SHARD_MB, help="MB of text a shard (>= --sizes: one file)")
     p.add_argument("--source", nargs="*", default=[], help="base text files (default: world.corpus documents)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: trained here on the base text)")
     p.add_argument("--baseline", default="4fd3d0f", help="git revision of the code before streaming; '' skips it")
@@ -136,17 +187,20 @@ def main():
     sizes, bare_sizes = [int(s) for s in args.sizes.split(",")], {int(s) for s in args.bare_sizes.split(",") if s}
     os.makedirs(args.dir, exist_ok=True)
     docs = base_documents(args.source)
+    tag = "" if (args.format, args.shard_mb) == ("jsonl", SHARD_MB) else f"_{args.format}_{args.shard_mb}"
     tok = args.tokenizer or os.path.join(args.dir, "tokenizer.json")
     if not args.tokenizer:
         prepare.train_tokenizer(docs[:20000], 8192).save(tok)
     print(f"benchmark_prepare: {os.cpu_count()} CPUs, base {len(docs):,} documents "
-          f"({sum(map(len, docs)) / 1e6:.1f} MB, {'given' if args.source else 'world.corpus'}), tokenizer {tok}")
+          f"({sum(map(len, docs)) / 1e6:.1f} MB, {'given' if args.source else 'world.corpus'}), tokenizer {tok}"
+          + ("" if not tag else f"; {args.format} shards of {args.shard_mb} MB of text"))
     rows, rss = [], {}
     for mb in sizes:
-        corpus, plain = os.path.join(args.dir, f"corpus_{mb}"), os.path.join(args.dir, f"corpus_{mb}.jsonl")
+        corpus = os.path.join(args.dir, f"corpus_{mb}{tag}")
+        plain = corpus + ".jsonl"
         want_plain = args.baseline and mb == min(sizes)
         if not os.path.isdir(corpus):
-            build_corpus(corpus, docs, mb, plain if want_plain else None)
+            build_corpus(corpus, docs, mb, plain if want_plain else None, args.format, args.shard_mb)
         out = os.path.join(args.dir, f"out_{mb}")
         wall, rss[mb], text = measured([sys.executable, os.path.join(ROOT, "data", "prepare.py"), "--input", corpus,
                                         "--out_dir", out, "--tokenizer", tok])
@@ -172,7 +226,7 @@ def main():
     if args.baseline:
         code = baseline_code(args.baseline, os.path.join(args.dir, "baseline"))
         mb = min(sizes)
-        wall, old, _ = measured([sys.executable, code, "--input", os.path.join(args.dir, f"corpus_{mb}.jsonl"),
+        wall, old, _ = measured([sys.executable, code, "--input", os.path.join(args.dir, f"corpus_{mb}{tag}.jsonl"),
                                  "--out_dir", os.path.join(args.dir, "out_baseline"), "--tokenizer", tok])
         print(f"  code before streaming ({args.baseline}) at {mb} MB: {wall:.0f} s, peak RSS {old:,.0f} MB")
     default_start = startup(os.path.join(ROOT, "data", "default"), os.path.join(args.dir, "run")) \

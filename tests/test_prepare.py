@@ -534,6 +534,23 @@ def test_pubmed_xml_gives_title_and_abstract_per_article(tmp_path, monkeypatch):
     assert "n_articles_without_abstract" not in json.loads((tmp_path / "txt" / "meta.json").read_text())
 
 
+def test_benchmark_builds_pubmed_xml_that_prepare_reads_as_its_text(tmp_path):
+    """tests/benchmark_prepare.py --format xml (built here, not timed): shards that take the reader's real paths
+    (labelled sections, inline <i>, articles without abstract, DeleteCitation), read back as exactly the text the
+    builder counts toward a corpus's size."""
+    import benchmark_prepare
+    docs = [d for d in map(prepare.clean, world.corpus(300, seed=5)) if d]
+    benchmark_prepare.build_corpus(str(tmp_path / "xml"), docs, 0.3, str(tmp_path / "plain.jsonl"), "xml", 0.1)
+    shards = sorted(os.listdir(tmp_path / "xml"))
+    assert len(shards) >= 3 and shards[0] == "pubmed25n0000.xml.gz"
+    body = gzip.open(tmp_path / "xml" / shards[0], "rt").read()
+    assert all(s in body for s in ('Label="BACKGROUND"', "<i>", "<DeleteCitation>"))
+    corpus = prepare.Corpus([str(tmp_path / "xml")])
+    text = list(corpus)
+    assert text == list(prepare.Corpus([str(tmp_path / "plain.jsonl")])) and corpus.skipped > 0
+    assert 0.3e6 <= sum(map(len, text)) < 0.3e6 + max(map(len, docs))
+
+
 def test_bad_pubmed_xml_is_one_line_and_leaves_the_dataset(tmp_path):
     good = tmp_path / "good.xml"
     good.write_text(PUBMED, encoding="utf-8")
