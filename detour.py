@@ -91,6 +91,7 @@ PRESETS = {  # hidden, intermediate, layers, heads; ModernBERT-base/large are th
 }
 IGNORE = -100  # target value that carries no loss
 
+
 # ----------------------------------------------------------------------------------------
 # 2. The phases: one entry per row of the README's objectives table. Everything that differs
 # between phases is read from here; cfg.phase only picks the entry.

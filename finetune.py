@@ -943,5 +943,6 @@ def transplant(p, paths, spec, task_specs):
     return run(replace(p, probe=True), [paths[0], "+".join(hybrids), paths[1]], task_specs, report=name,
                note=f"{'+'.join(hybrids)}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
 
+
 if __name__ == "__main__":
     main()

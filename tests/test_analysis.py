@@ -153,14 +153,15 @@ def test_transplant_takes_exactly_the_group(tmp_path):
             ft.group_names(recipient, bad)
 
 
+# the fast settings on the command line, except those the CPU default decides when they are not given
+QUICK = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
+
 def test_cli_modes_end_to_end(tmp_path):
     a, _ = make_ckpt(tmp_path / "a", seed=0)
     b, _ = make_ckpt(tmp_path / "b" / "hf", seed=1)  # a detour out_dir: b/hf
     b = str(tmp_path / "b")
     out = str(tmp_path / "out")
-    # the fast settings, except those the CPU default decides when they are not given
-    quick = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
-    common = ["--ckpts", f"{a},{b}", "--out_dir", out, *quick]
+    common = ["--ckpts", f"{a},{b}", "--out_dir", out, *QUICK]
     ft.main(["--analysis", "cka", "--texts", make_texts(tmp_path / "t.txt"), *common])
     ft.main(["--analysis", "drift", *common])
     task = make_task_dir(tmp_path / "c", "cls", n=(16, 8, 8))
@@ -188,9 +189,8 @@ def test_transplant_per_replicate_pair(tmp_path):
     """A1+A2,B1+B2: one hybrid per replicate pair (layers from A_k, the rest from B_k), probed as an arm."""
     a1, a2, b1, b2 = (str(make_ckpt(tmp_path / n, seed=s)[0]) for s, n in enumerate(("a1", "a2", "b1", "b2")))
     out, task = str(tmp_path / "out"), make_task_dir(tmp_path / "c", "cls", n=(16, 8, 8))
-    quick = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
     res = ft.main(["--analysis", "transplant", "--layers", "embeddings,0", "--tasks", f"drugs=cls:{task}",
-                   "--seeds", "1", "--ckpts", f"{a1}+{a2},{b1}+{b2}", "--out_dir", out, *quick])
+                   "--seeds", "1", "--ckpts", f"{a1}+{a2},{b1}+{b2}", "--out_dir", out, *QUICK])
     hybrids = [os.path.join(out, "transplant-embeddings_0", r) for r in ("r1", "r2")]
     assert res["checkpoints"] == [f"{a1}+{a2}", "+".join(hybrids), f"{b1}+{b2}"]
     for hybrid, a, b in zip(hybrids, (a1, a2), (b1, b2)):
