@@ -254,11 +254,10 @@ def hf_dir(path):
 
 def load_encoder(path):
     """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
-    d = hf_dir(path)
-    tok_path = os.path.join(d, "tokenizer.json")
+    tok_path = os.path.join(hf_dir(path), "tokenizer.json")
     if not os.path.exists(tok_path):
         fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
-    model, tokenizer = detour.load_hf(d), detour.load_tokenizer(tok_path)
+    model, tokenizer = detour.load_hf(os.path.dirname(tok_path)), detour.load_tokenizer(tok_path)
     c = model.config
     if tokenizer.get_vocab_size() > c.vocab_size:
         fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; wrong tokenizer?")
@@ -611,16 +610,19 @@ def cells_done(cells, quiet=False):
 
 def run_cells(p, cells, shard):
     """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time; a cell
-    is claimed by a lock on <file>.lock, left to another process that holds it. `shard`: its name, printed."""
+    is claimed by a lock on <file>.lock; one held elsewhere is waited for at the end (run here if its process
+    died), so each process ends with its grid whole: two grids sharing cells both report. `shard`: printed."""
     dev, model, task, done = get_device(p), (None,), (None,), cells_done(cells)
     print(f"{shard}: {len(cells)} here, {len(done)} of them done already")
-    for c in [c for c in cells if c["key"] not in done]:
+    todo = [(c, fcntl.LOCK_NB) for c in cells if c["key"] not in done]
+    for c, nonblocking in todo:  # grows: a cell held elsewhere comes back once, at the end, waiting for its lock
         os.makedirs(os.path.dirname(c["file"]), exist_ok=True)
         with open(c["file"] + ".lock", "a") as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the process ends, killed or not
+                fcntl.flock(lock, fcntl.LOCK_EX | nonblocking)  # released when the process ends, killed or not
             except BlockingIOError:
-                print(f"{c['file']}: another process is running this cell; left to it")
+                print(f"{c['file']}: another process is running this cell; left to it, waited for at the end")
+                todo.append((c, 0))
                 continue
             except OSError:  # no locks on this filesystem (Lustre without flock): distinct shards never share a cell
                 print(f"note: {lock.name} cannot be locked on this filesystem; the cell runs unlocked")

@@ -2,12 +2,14 @@
 The same tiny grid run three ways (one process; --shard 0/2 and 1/2 at once, then --merge; killed midway
 and restarted) must give the same results.json, bitwise (CPU, one thread per process)."""
 import errno
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 
@@ -83,6 +85,23 @@ def test_two_processes_racing_on_one_cell_train_it_once(tmp_path):
     other = logs[1 - logs.index(trained[0])]
     assert "another process is running this cell" in other or "1 of them done already" in other, other
     assert json.load(open(tmp_path / "out" / "results.json"))["scores"][a]["drugs"]["runs"][0]["seed"] == 0
+
+
+def test_a_cell_held_elsewhere_is_waited_for_and_run_here_when_its_holder_dies(tmp_path, capsys):
+    """Two grids sharing cells (the two transplant variants) must both end whole and both report: a cell
+    another process holds is taken up again at the end, waiting on its lock; a holder that dies without a
+    result leaves the cell to this process."""
+    p, a = replace(ft.Protocol(**FAST), out_dir=str(tmp_path / "out"), seeds=1), make_ckpt(tmp_path / "a")[0]
+    spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
+    cell = ft.grid_cells(p, ft.arms_of([a]), ft.tasks.parse_tasks(spec, p.tasks_dir, ft.KINDS))[0]
+    os.makedirs(os.path.dirname(cell["file"]))
+    holder = open(cell["file"] + ".lock", "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another process's claim
+    threading.Timer(1.0, holder.close).start()  # ... which dies a second later, leaving no result
+    assert ft.run(p, [a], spec) is not None  # waited, ran the cell itself, reported
+    out = capsys.readouterr().out
+    assert "another process is running this cell; left to it, waited for at the end" in out, out
+    assert "drugs seed 0: dev" in out and os.path.exists(cell["file"]), out
 
 
 def test_a_filesystem_without_locks_runs_the_cells_unlocked(tmp_path, monkeypatch, capsys):
