@@ -43,7 +43,8 @@ def forest(ax, rows):
     ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)], fontsize=8)
     ax.set_xlabel("D = arm − MLM twin: average F1 points (hybrids: probe F1), 95% t interval")
     ax.set_title("D per point and intervention")
-    ax.margins(x=0.25)  # room for the numbers right of the intervals
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi + 0.3 * (hi - lo))  # room for the numbers right of the intervals
 
 
 def cka_panel(ax, data):
