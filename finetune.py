@@ -42,10 +42,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import detour
+from data import tasks  # task files, read and built (data/tasks.py, next to data/world.py)
 from detour import fail
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
-import tasks  # noqa: E402 (data/tasks.py: task files, read and built; next to data/world.py)
 
 # ----------------------------------------------------------------------------------------
 # The protocol. Its values are the paper's; the CPU default below shortens them.

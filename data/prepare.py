@@ -50,8 +50,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # "import world" and "import detour" from any working directory
-import world  # noqa: E402
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root: detour and data.world from any working directory
+from data import world  # noqa: E402
 from detour import NON_NEGATIVE, POSITIVE, RATE, atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
 
 # Registered in this order when we train, so the ids are always 0..4.

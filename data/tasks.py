@@ -23,7 +23,7 @@ import os
 import random
 import re
 
-import world
+from data import world
 from detour import IGNORE, atomic_write, fail, read_json
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}

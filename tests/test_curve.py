@@ -1,4 +1,4 @@
-"""tests/study_curve.py and tests/study_figure.py: the decision rules committed with the length/capacity
+"""studies/study_curve.py and studies/study_figure.py: the decision rules committed with the length/capacity
 protocol and with the freeze/transplant/third-size protocol, and the figures they read from the files the
 protocols' commands write (synthetic files here, in the real layouts)."""
 
@@ -9,10 +9,9 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import study_curve  # noqa: E402
-import finetune  # noqa: E402  (conftest puts the repository on the path)
+import finetune
+from conftest import ROOT
+from studies import study_curve
 
 NAMES = ["a", "b"]  # two tasks: every layout as with eight, and an exact sign-flip test over few units
 
@@ -115,7 +114,7 @@ def test_a_point_is_read_from_its_files_and_a_missing_one_is_named(tmp_path):
         tasks=[dict(name=n) for n in names], difference=dict(a=-0.01, b=0.002, average=-0.004),
         ci95=dict(a=[-0.03, 0.01], b=[-0.01, 0.014], average=[-0.012, 0.004]), units=[0.0] * 6,
         p_sign_flip=0.8, p_bootstrap=0.8, detectable_difference=0.011)))
-    out = subprocess.run([sys.executable, os.path.join(HERE, "study_curve.py"), "--out_dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "studies", "study_curve.py"), "--out_dir", str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "| s1000 | small | 1,000 | -0.4 [-1.2, +0.4] | cannot tell | 0.800 | 1.1 | +0.80 nats |" in out
     assert "| CLM | 4.10 / 4.10 / 4.10 (unigram 6.60) | 3.80 / 3.80 / 3.80 (unigram 6.60) |" in out
@@ -222,7 +221,7 @@ def test_every_missing_input_is_listed_as_missing(tmp_path):
 
 def test_the_figure_is_drawn_from_what_there_is(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    import study_figure
+    from studies import study_figure
     for name, center in (("t1000", 0.02), ("t1000 (5 reps)", 0.02), ("m1000", 0.0)):
         make_point(tmp_path, name, center)
     for layer in (0, 1, 2):

@@ -12,7 +12,7 @@ import torch
 
 import detour
 import finetune as ft
-import prepare
+from data import prepare
 from conftest import ROOT
 
 TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import detour
-import prepare
+from data import prepare
 
 TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
         "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--learning_rate", "3e-3"]

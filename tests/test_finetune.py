@@ -10,8 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 import detour
 import finetune as ft
-import tasks
-import world
+from data import tasks, world
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4, as the tiny configs expect
 WORDS = ["the", "patient", "took", "aspirin", "metformin", "for", "diabetes", "asthma", "daily",

@@ -1,27 +1,15 @@
-"""tests/gpu_ab.py on a CPU: its --cpu_smoke (every variant at toy sizes, checked against the baseline, no graph
+"""bench/gpu_ab.py on a CPU: its --cpu_smoke (every variant at toy sizes, checked against the baseline, no graph
 break, at most one recompile), that its checks catch planted bugs, its stand-in for the varlen kernel, and how it
 picks the best flags. The GPU figures themselves need a GPU (the README's GPU section)."""
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
 import torch.nn as nn
 
 import detour
-from conftest import ROOT
-from test_gpu_path import per_document_varlen
-
-
-def load_gpu_ab():
-    spec = importlib.util.spec_from_file_location("gpu_ab", os.path.join(ROOT, "tests", "gpu_ab.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ab = load_gpu_ab()
+from bench import gpu_ab as ab
+from bench.fixtures import per_document_varlen
 
 
 def originals():

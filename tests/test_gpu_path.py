@@ -1,8 +1,7 @@
 """The GPU path, as far as a CPU can run it: bf16 autocast and torch.compile against the fp32 and
 eager runs, the varlen backend's plumbing against the dense-mask path, the backend decision, one
-compile per phase, and tests/gpu_check.py's code at toy sizes.
+compile per phase, and bench/gpu_check.py's code at toy sizes.
 Each test states its tolerance and why."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,8 @@ import pytest
 import torch
 
 import detour
+from bench import gpu_check
+from bench.fixtures import per_document_varlen
 from conftest import ROOT, TINY_RUN
 
 
@@ -130,21 +131,6 @@ def test_document_spans_on_packed_rows():
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
         assert a // 40 == (b - 1) // 40 and (flat[a:b] == flat[a]).all()
         assert b % 40 == 0 or flat[b] != flat[b - 1]
-
-
-def per_document_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
-    """A reference for torch.nn.attention.varlen.varlen_attn, written from its documentation: on
-    (tokens, H, D) tensors, attention inside each sequence [cu[i], cu[i+1]), key j seen by query i
-    when i - left <= j <= i + right (-1: unbounded). One SDPA call per document, on the CPU."""
-    assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and max_q == max_k == cu_q.diff().max()
-    left, right = window_size
-    out = torch.empty_like(q)
-    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
-        i, j = torch.arange(b - a)[:, None], torch.arange(b - a)[None, :]
-        ok = ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
-        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
-            *(x[a:b].transpose(0, 1) for x in (q, k, v)), attn_mask=ok).transpose(0, 1)
-    return out
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -296,18 +282,11 @@ def test_compile_does_not_recompile_after_the_first_step(tiny_data, tmp_path, mo
 
 
 # ----------------------------------------------------------------------------------------
-# tests/gpu_check.py on a CPU
+# bench/gpu_check.py on a CPU
 # ----------------------------------------------------------------------------------------
-def load_gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "tests", "gpu_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: gpu_check would run for real")
 def test_gpu_check_without_cuda_is_one_line_and_exit_0():
-    p = subprocess.run([sys.executable, os.path.join("tests", "gpu_check.py")], cwd=ROOT,
+    p = subprocess.run([sys.executable, os.path.join("bench", "gpu_check.py")], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
@@ -319,7 +298,7 @@ def test_gpu_check_smoke_on_cpu(tmp_path):
     transformers, causality, varlen vs sdpa (a skip here: no CUDA), detour.main end to end, speed rows
     with the SDPA kernel probe, the table and the JSON. DDP is skipped there without GPUs, so
     its torchrun comparison runs here on gloo. Compiled speed rows are not run (compile time)."""
-    gc = load_gpu_check()
+    gc = gpu_check
     assert not [n for n in dir(gc) if n.startswith("test")]  # nothing pytest could collect
     out = tmp_path / "gpu_check.json"
     assert gc.main(["--device", "cpu", "--smoke", "--out", str(out)]) == 0

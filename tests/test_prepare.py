@@ -14,9 +14,7 @@ import pytest
 from tokenizers import Tokenizer, models, processors
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-sys.path.insert(0, DATA)
-import prepare  # noqa: E402
-import world  # noqa: E402
+from data import prepare, world
 
 import detour  # noqa: E402
 
@@ -535,10 +533,10 @@ def test_pubmed_xml_gives_title_and_abstract_per_article(tmp_path, monkeypatch):
 
 
 def test_benchmark_builds_pubmed_xml_that_prepare_reads_as_its_text(tmp_path):
-    """tests/benchmark_prepare.py --format xml (built here, not timed): shards that take the reader's real paths
+    """bench/benchmark_prepare.py --format xml (built here, not timed): shards that take the reader's real paths
     (labelled sections, inline <i>, articles without abstract, DeleteCitation), read back as exactly the text the
     builder counts toward a corpus's size."""
-    import benchmark_prepare
+    from bench import benchmark_prepare
     docs = [d for d in map(prepare.clean, world.corpus(300, seed=5)) if d]
     benchmark_prepare.build_corpus(str(tmp_path / "xml"), docs, 0.3, str(tmp_path / "plain.jsonl"), "xml", 0.1)
     shards = sorted(os.listdir(tmp_path / "xml"))

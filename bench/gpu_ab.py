@@ -1,9 +1,9 @@
 """Where a base-preset training step at T = 8192 loses its time, and what each candidate change buys: one
 process, one run, every figure from it (issue 30). A script, not a test (tests/test_gpu_ab.py runs its CPU smoke).
 
-    python tests/gpu_ab.py --budget 360                       # one H100/H200: floors, then the variants in order
-    python tests/gpu_ab.py --variants baseline,regional+bf16  # any list; flags join with +
-    python tests/gpu_ab.py --cpu_smoke                        # the same code at toy sizes on a CPU, with assertions
+    python bench/gpu_ab.py --budget 360                       # one H100/H200: floors, then the variants in order
+    python bench/gpu_ab.py --variants baseline,regional+bf16  # any list; flags join with +
+    python bench/gpu_ab.py --cpu_smoke                        # the same code at toy sizes on a CPU, with assertions
 
 Without CUDA (and without --cpu_smoke) it prints one line and exits 0. In order:
   batches   --pool optimizer steps of --step_tokens tokens each, per row: "study" (packed documents of 52-471 tokens,
@@ -51,8 +51,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_check as gc  # noqa: E402  (batches, head capacity and dynamo's graph count, as gpu_check builds them)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:  # run as a file (python bench/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
+from bench import gpu_check as gc  # noqa: E402  (batches, head capacity and dynamo's graph count, as gpu_check builds them)
 
 detour = gc.detour
 IGNORE = detour.IGNORE

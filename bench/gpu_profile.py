@@ -1,6 +1,6 @@
 """Where a base-preset training step's GPU time goes (one call on a lent GPU, after gpu_check.py).
 
-    python tests/gpu_profile.py --out out/gpu_profile.txt
+    python bench/gpu_profile.py --out out/gpu_profile.txt
 
 gpu_check.py measured 13.6% MFU eager and 22% compiled at 16,384 tokens per step, with tokens/s flat
 from T = 1024 to 8192: attention is not the cost. This asks why, in one run: (1) tokens/s and MFU
@@ -15,8 +15,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_check as gc  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:  # run as a file (python bench/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
+from bench import gpu_check as gc  # noqa: E402
 detour = gc.detour
 
 

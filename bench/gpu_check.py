@@ -1,9 +1,9 @@
 """One command for the first minutes on a GPU: is detour's GPU path right, and how fast is it?
 
-    python tests/gpu_check.py                      # everything, about 8 minutes on one H100/H200
-    python tests/gpu_check.py --quick              # about 3 minutes: T = 8192 only, no compiled rows
-    python tests/gpu_check.py --budget 300 --out out/gpu_check.json
-    python tests/gpu_check.py --device cpu --smoke # the same code at toy sizes on a CPU (what the tests run)
+    python bench/gpu_check.py                      # everything, about 8 minutes on one H100/H200
+    python bench/gpu_check.py --quick              # about 3 minutes: T = 8192 only, no compiled rows
+    python bench/gpu_check.py --budget 300 --out out/gpu_check.json
+    python bench/gpu_check.py --device cpu --smoke # the same code at toy sizes on a CPU (what the tests run)
 
 A script, not a test: pytest collects test_*.py only, and nothing here is named test_*.
 Without CUDA (and without --device cpu) it prints one line and exits 0. On a GPU it runs, in order:
@@ -52,9 +52,10 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if not __package__:  # run as a file (python bench/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
 import detour  # noqa: E402
-from conftest import write_tiny_data  # noqa: E402  (tests/ is on sys.path: this script lives there)
+from bench.fixtures import write_tiny_data  # noqa: E402
 
 IGNORE = -100  # no-loss target: detour's and transformers' convention
 SPECIAL = dict(pad_token_id=0, unk_token_id=1, cls_token_id=2, sep_token_id=3, mask_token_id=4)

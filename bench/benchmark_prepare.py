@@ -1,9 +1,9 @@
 """data/prepare.py at scale, measured (a benchmark, not a test): throughput against the tokenizer
 alone, and peak memory against corpus size.
 
-    python tests/benchmark_prepare.py                        # 250 MB and 1 GB corpora under /tmp
-    python tests/benchmark_prepare.py --sizes 50 --bare_sizes 50 --baseline ""   # a quick look
-    python tests/benchmark_prepare.py --format xml           # the same corpora as PubMed baseline XML
+    python bench/benchmark_prepare.py                        # 250 MB and 1 GB corpora under /tmp
+    python bench/benchmark_prepare.py --sizes 50 --bare_sizes 50 --baseline ""   # a quick look
+    python bench/benchmark_prepare.py --format xml           # the same corpora as PubMed baseline XML
 
 It builds corpora of gzipped JSONL shards (64 MB of text each, as PubMed dumps come) by repeating
 base documents (--source files, else world.corpus) in a fresh shuffled order per repeat; with
@@ -37,9 +37,9 @@ import time
 from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "data")]
-import prepare  # noqa: E402
-import world  # noqa: E402
+if not __package__:  # run as a file (python bench/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
+from data import prepare, world  # noqa: E402
 
 SHARD_MB = 64
 # A <PubmedArticle> as NLM's baseline files have it, less most metadata; PMID, title and abstract filled in.

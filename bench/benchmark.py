@@ -1,8 +1,8 @@
 """Training-step speed and peak memory: detour's ModernBERT against transformers' ModernBertForMaskedLM.
 
-    python tests/benchmark.py                    # CPU: small preset, T = 512..4096, 1 thread, ~4 minutes
-    python tests/benchmark.py --compare logits,dense_head   # what one optimization buys (see VARIANTS)
-    python tests/benchmark.py --device cuda --preset base --lengths 1024,2048,4096,8192 --tokens 16384 \
+    python bench/benchmark.py                    # CPU: small preset, T = 512..4096, 1 thread, ~4 minutes
+    python bench/benchmark.py --compare logits,dense_head   # what one optimization buys (see VARIANTS)
+    python bench/benchmark.py --device cuda --preset base --lengths 1024,2048,4096,8192 --tokens 16384 \
         [--compile --warmup 3] [--attn_backend varlen]
 
 A script, not a test (pytest collects only test_*.py). One process; the same weights (ours
@@ -41,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if not __package__:  # run as a file (python bench/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
 import detour  # noqa: E402
 
 

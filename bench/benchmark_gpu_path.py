@@ -1,7 +1,7 @@
 """The 8192-token training path, measured on a CPU: what issue 20's changes buy, before against after.
 
     git show 4fd3d0f:detour.py > /tmp/before/detour.py
-    python tests/benchmark_gpu_path.py --before /tmp/before/detour.py --data data/bio [--parts batch,work,compile,memory]
+    python bench/benchmark_gpu_path.py --before /tmp/before/detour.py --data data/bio [--parts batch,work,compile,memory]
 
 A script, not a test. Parts (each prints its own table):
   batch    MLM batch preparation (detour.mlm_batch) for 4 x 8192 tokens on one thread, before and after,
@@ -107,11 +107,11 @@ def part_work(after, data_dir, T=8192, rows=64):
 COMPILE_RUN = r"""
 import sys, json, os
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
-sys.path.insert(0, sys.argv[4])
+sys.path.insert(0, sys.argv[4])  # the repository root, for bench.fixtures
 import torch
 from torch._dynamo.utils import counters
 detour = __import__(os.path.basename(sys.argv[1])[:-3])
-from conftest import write_tiny_data
+from bench.fixtures import write_tiny_data
 data = write_tiny_data(os.path.join(sys.argv[2], "data"))
 seen, lr_at = [], detour.lr_at
 def hook(cfg, *a, **k):  # called once at the start of every step: the graphs compiled so far
@@ -133,7 +133,7 @@ def part_compile(before_path):
     for name, path in (("before", before_path), ("after", os.path.join(ROOT, "detour.py"))):
         with tempfile.TemporaryDirectory() as d:
             t0 = time.time()
-            p = subprocess.run([sys.executable, "-c", COMPILE_RUN, path, d, "", os.path.join(ROOT, "tests")],
+            p = subprocess.run([sys.executable, "-c", COMPILE_RUN, path, d, "", ROOT],
                                capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
             if p.returncode:
                 print(f"{name}: failed: {p.stderr[-800:]}")

@@ -2,8 +2,8 @@
 intervention (a forest plot); right, CKA r per layer per point. The numbers are study_curve's, read from the
 same files under out/bio (the ones curve.json holds); a part whose files are missing is skipped with a note.
 
-    python tests/study_figure.py                          # -> out/bio/study.png
-    python tests/study_figure.py --out_dir out/bio --png PATH
+    python studies/study_figure.py                          # -> out/bio/study.png
+    python studies/study_figure.py --out_dir out/bio --png PATH
 """
 
 import argparse
@@ -15,8 +15,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on the study machines
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import study_curve  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not __package__:  # run as a file (python studies/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
+from studies import study_curve  # noqa: E402
 
 
 def forest_rows(data):

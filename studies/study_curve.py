@@ -4,8 +4,8 @@ replicates). Reads what their commands wrote under out/bio/ and prints every poi
 table, the freeze, transplant and three-size analyses, and the verdicts of the decision rules each protocol
 committed before any score, applied mechanically.
 
-    python tests/study_curve.py                 # -> stdout, out/bio/curve.md and out/bio/curve.json
-    python tests/study_curve.py --out_dir out/bio
+    python studies/study_curve.py                 # -> stdout, out/bio/curve.md and out/bio/curve.json
+    python studies/study_curve.py --out_dir out/bio
 
 A point or analysis whose files are not all there yet is listed as missing, not guessed.
 """
@@ -17,7 +17,8 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if not __package__:  # run as a file (python studies/x.py), not imported: the repository root, for detour and bench
+    sys.path.insert(0, ROOT)
 import finetune  # noqa: E402  (the study's own statistics: t interval, sign flip)
 
 # A point: its twins are out/bio/<prefix>{clm,mlm}-r<k>[-decay], its 8-task grid out/bio/<grid>/results.json
