@@ -4,7 +4,7 @@
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
     python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json   # *.jsonl.gz shards
-    python data/prepare.py --input baseline/pubmed25n*.xml.gz --name pubmed           # NLM's PubMed XML
+    python data/prepare.py --input 'baseline/pubmed25n*.xml.gz' --name pubmed         # NLM's PubMed XML
 
 Output directory (data/NAME/ or --out_dir):
     tokenizer.json    byte-level BPE (trained here unless --tokenizer is given)
@@ -13,7 +13,8 @@ Output directory (data/NAME/ or --out_dir):
     val.txt           the held-out documents, one per line (for later analysis)
     train_counts.npy  how often each token id occurs in train.bin (detour's unigram baseline)
     meta.json         vocab size, dtype, special token ids, counts, source (for PubMed XML also the
-                      articles skipped for want of an abstract); written last
+                      articles and books read, those skipped for want of an abstract, the deleted
+                      citations, the files without an article); written last
 
 Every document is stored as [CLS] tokens [SEP], back to back. The same stream
 serves both phases of the method: the causal LM phase predicts the next token
@@ -29,6 +30,7 @@ permutation, sizes, offsets).
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import io
 import json
@@ -87,10 +89,16 @@ def format_of(path):
 
 
 def input_files(paths):
-    """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted by path."""
+    """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted by path, a glob
+    pattern's matches sorted by path (a quoted 'pubmed/pubmed25n*.xml.gz' works as the shell's expansion would)."""
     files = []
     for path in paths:
-        if os.path.isdir(path):
+        if not os.path.exists(path) and glob.has_magic(path):
+            found = sorted(glob.glob(path))
+            if not found:
+                fail(f"--input pattern {path} matches no file; check the directory and the pattern")
+            files += input_files(found)
+        elif os.path.isdir(path):
             found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(SUFFIXES))
             if not found:
                 fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; give a directory of shards or a file")
@@ -145,17 +153,24 @@ def parse(lines, path, group_tokens):
 
 class Corpus:
     """The documents of the input files (text, JSONL or PubMed XML, each maybe gzipped), read as a stream every
-    time it is iterated; empty documents are dropped, and a file without any is an error. `bar`, when set,
-    advances by the bytes read from disk; `skipped` counts the PubMed articles without an abstract in the last read."""
+    time it is iterated; empty documents are dropped, and a text or JSONL file without any is an error (a PubMed
+    file without a usable article is skipped and counted: an update file may hold only deletions). `bar`, when set,
+    advances by the bytes read from disk; `counts` holds, in the last read, the PubMed articles and books read,
+    those `skipped` (no abstract), the deleted citations and the XML files without an article."""
 
     def __init__(self, paths, group_tokens=None):
-        self.files, self.group_tokens, self.bar, self.skipped = input_files(paths), group_tokens, None, 0
+        self.files, self.group_tokens, self.bar = input_files(paths), group_tokens, None
+        self.counts = dict.fromkeys(("articles", "books", "skipped", "deleted", "files_without_articles"), 0)
+
+    @property
+    def skipped(self):
+        return self.counts["skipped"]
 
     def size(self):
         return sum(os.path.getsize(f) for f in self.files)
 
     def __iter__(self):
-        self.skipped = 0
+        self.counts = dict.fromkeys(self.counts, 0)
         for path in self.files:
             n_docs, is_xml = 0, format_of(path) == ".xml"
             with open(path, "rb") as raw:
@@ -173,14 +188,15 @@ class Corpus:
                 except ET.ParseError as e:  # its line in the XML (after gunzip); str(e) ends with the position
                     fail(f"{path}:{e.position[0]}: not well-formed XML ({str(e).split(':')[0]}); "
                          "download the file again")
-            if not n_docs:
-                fail(f"no PubmedArticle with an abstract in {path}; give PubMed XML with abstracts" if is_xml else
-                     f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
+            if not n_docs and is_xml:
+                self.counts["files_without_articles"] += 1
+            elif not n_docs:
+                fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
 
     def pubmed(self, data, path):
         """Yield the documents of NLM's PubMed XML (the baseline's and updates' pubmed*.xml.gz): each PubmedArticle's
-        title, then its abstract; an article without an abstract is skipped and counted. DeleteCitation (PMIDs taken
-        out of PubMed) and PubmedBookArticle (Bookshelf records) are not articles: not read. A stream: iterparse builds
+        and PubmedBookArticle's (a Bookshelf record's) text, see pubmed_document; one without an abstract is skipped
+        and counted. A DeleteCitation (PMIDs taken out of PubMed) is counted, not read. A stream: iterparse builds
         the tree a read (16 KB) at a time and every child of the root is cleared once read, so memory holds a read's
         articles, whatever the file's size (a baseline file: up to 30,000 articles)."""
         events = ET.iterparse(data, events=("start", "end"))
@@ -191,10 +207,13 @@ class Corpus:
         for event, elem in events:
             depth += 1 if event == "start" else -1
             if event == "end" and depth == 1:  # a child of the root, complete
-                if elem.tag == "PubmedArticle":
+                if elem.tag in ("PubmedArticle", "PubmedBookArticle"):
                     doc = pubmed_document(elem)
-                    self.skipped += not doc
+                    self.counts["articles" if elem.tag == "PubmedArticle" else "books"] += 1
+                    self.counts["skipped"] += not doc
                     yield doc
+                elif elem.tag == "DeleteCitation":
+                    self.counts["deleted"] += len(elem.findall("PMID"))
                 root.clear()
 
     def _progress(self, lines, raw, every=4096):
@@ -210,16 +229,18 @@ class Corpus:
         self.bar.update(raw.tell() - done)
 
 
-def pubmed_document(article):
+def pubmed_document(record):
     """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one document, or "" if it
-    has no abstract text. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext); OtherAbstract (a
-    translation) is left out. A structured abstract keeps its section labels as text, "METHODS: ...", as PubMed shows
-    it: without them the sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
+    has no abstract text; a PubmedBookArticle's book title, chapter title (a whole book has none) and abstract, the
+    same way. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext); OtherAbstract (a translation) is
+    left out. A structured abstract keeps its section labels as text, "METHODS: ...", as PubMed shows it: without
+    them the sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
     text = lambda elem: clean("".join(elem.itertext())) if elem is not None else ""
-    sections = [(s.get("Label"), text(s)) for s in article.iterfind("MedlineCitation/Article/Abstract/AbstractText")]
+    article = "BookDocument" if record.tag == "PubmedBookArticle" else "MedlineCitation/Article"
+    sections = [(s.get("Label"), text(s)) for s in record.iterfind(f"{article}/Abstract/AbstractText")]
     abstract = [f"{label}: {body}" if label and label != "UNLABELLED" else body for label, body in sections if body]
-    title = text(article.find("MedlineCitation/Article/ArticleTitle"))
-    return clean(" ".join([title] + abstract)) if abstract else ""
+    titles = [text(record.find(f"{article}/{t}")) for t in ("Book/BookTitle", "ArticleTitle")]
+    return clean(" ".join(titles + abstract)) if abstract else ""
 
 
 def train_tokenizer(docs, vocab_size):
@@ -443,6 +464,9 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
     finally:  # cleared, also before an error's one line
         if isinstance(docs, Corpus):
             docs.bar = docs.bar.close()  # pass 2 has its own bar
+    if n_docs == 0 and isinstance(docs, Corpus):  # only PubMed files can be without documents, see Corpus
+        fail(f"no PubmedArticle or PubmedBookArticle with an abstract in the {len(docs.files)} input file(s); "
+             "give PubMed XML with abstracts")
     if n_docs < 2:
         fail(f"need at least 2 documents (one for train, one for val), got {n_docs}; give more input")
     if not 0 < val_fraction < 1:
@@ -482,8 +506,11 @@ def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.
             "train_counts": "train_counts.npy",  # detour.py's unigram baseline and vocabulary check
             "max_train_token_id": int(np.flatnonzero(counts)[-1]),
         }
-        if isinstance(docs, Corpus) and any(format_of(f) == ".xml" for f in docs.files):
-            meta["n_articles_without_abstract"] = docs.skipped  # PubMed articles not made documents (pass 2's count)
+        if isinstance(docs, Corpus) and any(format_of(f) == ".xml" for f in docs.files):  # pass 2's counts
+            meta.update(n_articles=docs.counts["articles"], n_books=docs.counts["books"],
+                        n_articles_without_abstract=docs.skipped,  # articles and books not made documents
+                        n_deleted_citations=docs.counts["deleted"],
+                        n_files_without_articles=docs.counts["files_without_articles"])
         commit(out_dir, written, json.dumps(meta, indent=2) + "\n")
     finally:
         remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
@@ -513,8 +540,9 @@ def arguments():
     p = argparse.ArgumentParser(description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
     p.add_argument("--input", nargs="+", action="extend",
                    help=".txt (one document per line), .jsonl ({\"text\": ...} per line) or NLM's PubMed .xml (a "
-                        "PubmedArticle's title and abstract per document), each maybe .gz; several files, or a "
-                        "directory of one format's files (shards) (default: none, generate a corpus with world.py)")
+                        "PubmedArticle's title and abstract per document, a PubmedBookArticle's book and chapter "
+                        "titles and abstract), each maybe .gz; several files, a directory of one format's files "
+                        "(shards), or a quoted glob pattern (default: none, generate a corpus with world.py)")
     p.add_argument("--group_tokens", type=int, default=None,
                    help="for .txt: join consecutive lines into documents of about N words (default: none, a line each)")
     p.add_argument("--name", default="default", help="output goes to data/NAME/ (default: %(default)s)")
@@ -553,8 +581,10 @@ def main(argv=None):
           f"{meta['n_train_tokens']:,} train + {meta['n_val_tokens']:,} val tokens, "
           f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} in {time.time() - t0:.1f} s, "
           f"{meta['n_chars'] / 1e6 / (time.time() - t0):.2f} MB/s"
-          + (f"; {meta['n_articles_without_abstract']:,} PubMed articles without an abstract skipped"
-             if "n_articles_without_abstract" in meta else ""))
+          + (f"; PubMed XML: {meta['n_articles']:,} articles and {meta['n_books']:,} books read, "
+             f"{meta['n_articles_without_abstract']:,} without an abstract skipped, {meta['n_deleted_citations']:,} "
+             f"deleted citations, {meta['n_files_without_articles']:,} files without an article skipped"
+             if "n_articles" in meta else ""))
 
 
 if __name__ == "__main__":

@@ -486,6 +486,7 @@ PUBMED = """<?xml version="1.0" encoding="utf-8"?>
 PUBMED_DOCS = ["Metformin in type 2 diabetes. BACKGROUND: Metformin is first-line. METHODS: We randomized 120 patients. "
                "Funded by nobody.",
                "Role of BRCA1 in calcium signalling. Ca2+ levels rose 103-fold in E. coli & yeast.",
+               "A book chapter.",  # PMID 106, a Bookshelf record without titles: its abstract alone
                "Aspirin after stroke. Aspirin lowered the risk of a second stroke."]
 
 
@@ -497,6 +498,7 @@ def test_pubmed_xml_gives_title_and_abstract_per_article(tmp_path, monkeypatch):
     for path in (xml, tmp_path / "pubmed25n0002.xml.gz"):
         corpus = prepare.Corpus([str(path)])
         assert list(corpus) == PUBMED_DOCS and corpus.skipped == 1  # PMID 103: no abstract
+        assert corpus.counts == dict(articles=4, books=1, skipped=1, deleted=2, files_without_articles=0)
     # Streamed: iterparse builds the tree a chunk (16 KB) at a time, and each article is cleared off the root once
     # read, so the root holds a chunk's articles at most, not the file's (3,000 here; PubMed's files: 30,000).
     start = PUBMED.index("<PubmedArticle>")
@@ -519,17 +521,86 @@ def test_pubmed_xml_gives_title_and_abstract_per_article(tmp_path, monkeypatch):
     prepare.main(["--input", str(xml), str(tmp_path / "pubmed25n0002.xml.gz"), "--out_dir", str(out),
                   "--vocab_size", "300", "--val_fraction", "0.2"])
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["n_articles_without_abstract"] == 2 and meta["n_train_docs"] + meta["n_val_docs"] == 6
+    assert meta["n_articles_without_abstract"] == 2 and meta["n_train_docs"] + meta["n_val_docs"] == 8
+    assert (meta["n_articles"], meta["n_books"], meta["n_deleted_citations"], meta["n_files_without_articles"]) == (8, 2, 4, 0)
     val = (out / "val.txt").read_text().splitlines()
-    assert len(val) == meta["n_val_docs"] == 1 and val[0] in PUBMED_DOCS
+    assert len(val) == meta["n_val_docs"] == 2 and set(val) <= set(PUBMED_DOCS)
     script = os.path.join(DATA, "prepare.py")
     run = subprocess.run([sys.executable, script, "--input", str(xml), "--out_dir", str(tmp_path / "cli"),
                           "--vocab_size", "300"], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0 and "; 1 PubMed articles without an abstract skipped" in run.stdout, run.stderr
+    assert run.returncode == 0 and ("; PubMed XML: 4 articles and 1 books read, 1 without an abstract skipped, "
+                                    "2 deleted citations, 0 files without an article skipped") in run.stdout, run.stderr
     # Text and JSONL inputs keep their meta.json as it was: no PubMed field.
     (tmp_path / "docs.txt").write_text("\n".join(PUBMED_DOCS) + "\n")
     prepare.main(["--input", str(tmp_path / "docs.txt"), "--out_dir", str(tmp_path / "txt"), "--vocab_size", "300"])
     assert "n_articles_without_abstract" not in json.loads((tmp_path / "txt" / "meta.json").read_text())
+
+
+# A Bookshelf file as PubMed ships it: a chapter (BookTitle, then the chapter's ArticleTitle, a structured abstract),
+# a whole book (no chapter title), a book without an abstract.
+BOOKS = """<?xml version="1.0" encoding="utf-8"?>
+<PubmedArticleSet>
+<PubmedBookArticle>
+  <BookDocument>
+    <PMID Version="1">20301295</PMID>
+    <Book>
+      <Publisher><PublisherName>University of Washington, Seattle</PublisherName></Publisher>
+      <BookTitle book="gene">GeneReviews<sup>&#174;</sup></BookTitle>
+      <PubDate><Year>1993</Year></PubDate>
+    </Book>
+    <LocationLabel Type="chapter">Cystic Fibrosis</LocationLabel>
+    <ArticleTitle book="gene" part="cf">Cystic   Fibrosis</ArticleTitle>
+    <Language>eng</Language>
+    <Abstract>
+      <AbstractText Label="CLINICAL CHARACTERISTICS">CF affects the <i>lungs</i>.</AbstractText>
+      <AbstractText Label="DIAGNOSIS/TESTING">Sweat chloride is raised.</AbstractText>
+    </Abstract>
+  </BookDocument>
+  <PubmedBookData><History/></PubmedBookData>
+</PubmedBookArticle>
+<PubmedBookArticle>
+  <BookDocument>
+    <PMID Version="1">21000001</PMID>
+    <Book><BookTitle book="nap">Dietary Reference Intakes</BookTitle></Book>
+    <Abstract><AbstractText>Intakes for vitamins.</AbstractText></Abstract>
+  </BookDocument>
+</PubmedBookArticle>
+<PubmedBookArticle>
+  <BookDocument><PMID Version="1">21000002</PMID><Book><BookTitle>An index</BookTitle></Book></BookDocument>
+</PubmedBookArticle>
+</PubmedArticleSet>
+"""
+BOOK_DOCS = ["GeneReviews® Cystic Fibrosis CLINICAL CHARACTERISTICS: CF affects the lungs. DIAGNOSIS/TESTING: Sweat "
+             "chloride is raised.", "Dietary Reference Intakes Intakes for vitamins."]
+
+
+def test_pubmed_books_globs_and_files_without_articles(tmp_path):
+    """A book-only file is read (book title, chapter title, abstract); a quoted glob is expanded and sorted; a file of
+    deletions only is skipped and counted; a pattern that matches nothing is one line."""
+    base = tmp_path / "baseline"
+    base.mkdir()
+    (base / "pubmed25n0003.xml").write_text(BOOKS)
+    with gzip.open(base / "pubmed25n0001.xml.gz", "wt", encoding="utf-8") as f:
+        f.write(PUBMED)
+    (base / "pubmed25n0002.xml.gz").write_bytes(gzip.compress(
+        b"<PubmedArticleSet><DeleteCitation><PMID>1</PMID><PMID>2</PMID></DeleteCitation></PubmedArticleSet>"))
+    (base / "notes.txt").write_text("not matched by the pattern\n")
+    corpus = prepare.Corpus([str(base / "pubmed25n*.xml*")])
+    assert corpus.files == [str(base / f"pubmed25n000{i}.xml{gz}") for i, gz in ((1, ".gz"), (2, ".gz"), (3, ""))]
+    assert list(corpus) == PUBMED_DOCS + BOOK_DOCS
+    assert corpus.counts == dict(articles=4, books=4, skipped=2, deleted=4, files_without_articles=1)
+    # The command line, with the pattern quoted as a user types it (no shell expands it here).
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, os.path.join(DATA, "prepare.py"), "--input", str(base / "pubmed25n*.xml*"),
+                          "--out_dir", str(out), "--vocab_size", "300"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert ("; PubMed XML: 4 articles and 4 books read, 2 without an abstract skipped, 4 deleted citations, "
+            "1 files without an article skipped") in run.stdout
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["n_train_docs"] + meta["n_val_docs"], meta["n_books"], meta["n_files_without_articles"]) == (6, 4, 1)
+    one_line_error(["--input", str(base / "pubmed24n*.xml.gz"), "--out_dir", str(tmp_path / "none")],
+                   re.escape(f"--input pattern {base / 'pubmed24n*.xml.gz'} matches no file; check the directory"))
+    assert not (tmp_path / "none").exists()
 
 
 def test_benchmark_builds_pubmed_xml_that_prepare_reads_as_its_text(tmp_path):
@@ -569,11 +640,13 @@ def test_bad_pubmed_xml_is_one_line_and_leaves_the_dataset(tmp_path):
         ("malformed.xml", re.escape(f"{tmp_path / 'malformed.xml'}:{broken + 1}: not well-formed XML (mismatched tag)")),
         ("truncated.xml.gz", "truncated.xml.gz is a truncated or corrupt gzip file"),
         ("other.xml", re.escape("other.xml is not PubMed XML (its root is <html>, not <PubmedArticleSet>)")),
-        ("deleted.xml", "no PubmedArticle with an abstract in .*deleted.xml"),
         ("latin1.xml", re.escape(f"{tmp_path / 'latin1.xml'}:1: not well-formed XML (not well-formed (invalid token))")),
     ]
     for name, match in cases:
         one_line_error(["--input", str(good), str(tmp_path / name), "--out_dir", str(out), "--seed", "7"], match)
+    # A file of deletions only is skipped (see the glob test); an input without any document is an error.
+    one_line_error(["--input", str(tmp_path / "deleted.xml"), "--out_dir", str(out)],
+                   re.escape("no PubmedArticle or PubmedBookArticle with an abstract in the 1 input file(s)"))
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before  # the dataset as it was, no temp files
 
 
