@@ -15,14 +15,15 @@ ft2 "$(arms t1000- decay 1 2 3)" ft8-t1000
 share ft8-t1000 ft8-t1000-r5 && ft2 "$(arms t1000- decay 1 2 3 4 5)" ft8-t1000-r5
 # 3. The other decay lengths, from the same Phase-1 checkpoints (the AdamW state kept, the schedule restarted):
 #    2.5% = 25 steps, 20% = 200, 50% = 500, 100% = 1,000; two runs side by side.
-for k in 1 2 3 4 5; do for L in 2.5:0.025 20:0.2 50:0.5 100:1.0; do
-  decay_of "t1000-clm-r$k" "${L#*:}" "decay${L%%:*}" & decay_of "t1000-mlm-r$k" "${L#*:}" "decay${L%%:*}" & wait
-done; done
+runs=(); for k in 1 2 3 4 5; do for L in 2.5:0.025 20:0.2 50:0.5 100:1.0; do for arm in clm mlm; do
+  runs+=("decay_of t1000-$arm-r$k ${L#*:} decay${L%%:*}")
+done; done; done
+two_at_a_time "${runs[@]}"
 # 4. One layer frozen during CLM, then the twins' 10% decay with every layer training (replicates 1-5).
-n=0; for k in 1 2 3 4 5; do for L in 0 1 2; do
-  chain clm "$TT $(rep $k) --freeze_layers $L" "t1000-clm-freeze$L-r$k" & n=$((n + 1))
-  if [ $((n % 2)) = 0 ]; then wait; fi   # two at a time
-done; done; wait
+runs=(); for k in 1 2 3 4 5; do for L in 0 1 2; do
+  runs+=("chain clm \"\$TT \$(rep $k) --freeze_layers $L\" t1000-clm-freeze$L-r$k")
+done; done
+two_at_a_time "${runs[@]}"
 # 5. Downstream, in the order of the questions: D at 100%, the freezes, then 20%, 50% and 2.5%.
 grid_length() { share ft8-t1000 "ft8-t1000-decay$1" && ft2 "$(arms t1000- "decay$1" 1 2 3 4 5)" "ft8-t1000-decay$1"; }
 freeze_arm() { local a="" k; for k in 1 2 3 4 5; do a="$a+$OUT/t1000-clm-freeze$1-r$k-decay"; done; echo "${a#+},${2#*,}"; }
@@ -33,7 +34,7 @@ for L in 20 50 2.5; do grid_length $L; done
 for arm in clm mlm; do for L in 2.5 20 50 100; do
   ten="$(arms t1000- decay 1 2 3 4 5)"; other="$(arms t1000- "decay$L" 1 2 3 4 5)"
   [ $arm = clm ] && pick="${ten%%,*},${other%%,*}" || pick="${ten#*,},${other#*,}"
-  share ft8-t1000 "ft8-t1000-$arm-10v$L" && timed sh -c "$F8 --ckpts $pick --out_dir $OUT/ft8-t1000-$arm-10v$L"
+  share ft8-t1000 "ft8-t1000-$arm-10v$L" && grid "$F8" "$pick" "ft8-t1000-$arm-10v$L"
 done; done
 # 7. The imprint after every decay length (A = CLM r1, B = MLM r1, C = MLM r2, each after that decay), the report
 #    and the figure.
