@@ -42,6 +42,8 @@ init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir |
 out_dir = ""               # "" = out/<phase> (Phase 1) or <init_from>-decay (decay)
 data_dir = "data/default"  # train.bin / val.bin / meta.json from data/prepare.py
 overwrite = False          # a fresh run may replace the checkpoint in out_dir, of any phase (else refused)
+autoresume = False         # the same command is safe to rerun (a requeued job): continue out_dir's checkpoint of
+                           # this phase and configuration, start if it has none, exit 0 if it is finished
 # objective
 mlm_rate = 0.30            # Phase-1 MLM baseline masking rate (paper: 30%)
 decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
@@ -78,6 +80,9 @@ eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 20
 ckpt_interval = 200        # steps between checkpoints (also written at the end)
 progress = True            # tqdm bar
+wandb_log = False          # also send every log.jsonl record to Weights & Biases (rank 0; pip install wandb)
+wandb_project = "detour"
+wandb_run_name = ""        # "" = out_dir
 
 # The constants above, as the run's configuration (the command line overrides a copy).
 DEFAULTS = {k: v for k, v in dict(globals()).items()
@@ -112,7 +117,8 @@ PHASES = {
     "clm": Phase(causal=True, targets="next"),
     "mlm": Phase(causal=False, targets="masked", rate="mlm_rate"),
     "decay": Phase(causal=False, targets="masked", rate="decay_mlm_rate", schedule="1-sqrt", continues=True,
-                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens")),
+                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens",
+                        "autoresume")),
 }
 
 
@@ -141,6 +147,7 @@ class Config:
     mask_token_id: int = 50284
     unk_token_id: int = 50280
     layer_types: list = field(default=None)  # None = derived from global_attn_every_n_layers
+    hf_fields: dict = field(default_factory=dict)  # an HF source's other config.json fields: exported as they came
 
     def __post_init__(self):
         if self.layer_types is None:
@@ -642,10 +649,9 @@ def setup(cfg):
         optimizer=optimizer, config=config, frozen=frozen, n_real_vocab=meta["vocab_size"],
         amp=torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext(),
         accum=cfg.global_batch_size // (cfg.batch_size * world), tokens_per_step=tokens_per_step,
-        total_steps=max(1, math.ceil(start["budget"] / tokens_per_step)),
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
         unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
-        tokenizer=tokenizer, signal=None, loss=torch.zeros(1))
+        tokenizer=tokenizer, signal=None, loss=torch.zeros(1), wandb=None)
     for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
         signal.signal(sig, lambda s, _: setattr(run, "signal", s))
     run.log = open_outputs(cfg, run)
@@ -704,8 +710,7 @@ def train(cfg):
                 bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
                           f"accuracy {ev['acc']:.4f}")
         if record and run.master:
-            run.log.write(json.dumps(record) + "\n")
-            run.log.flush()
+            log_record(run, record)
         # every ckpt_interval steps and at the end: a checkpoint; at the last step also the HF export
         if step % cfg.ckpt_interval == 0 or last_step:
             save_run(cfg, run, step, tokens)
@@ -771,8 +776,12 @@ def print_samples(cfg, run, n=2, length=32):
 # 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command line,
 # then checkpoints with every resume and inheritance rule, and main.
 def fail(message):
-    """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no traceback."""
-    raise SystemExit(f"error: {message}")
+    """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no traceback. Under torchrun every
+    rank meets the same bad input: rank 0 alone prints it; the others exit 1 quietly a second later, so that rank 0 has
+    printed before torchrun (which stops the other workers when one exits) stops it, and is named the root cause."""
+    if int(os.environ.get("RANK", "0")):
+        time.sleep(1)
+    raise SystemExit(1 if int(os.environ.get("RANK", "0")) else f"error: {message}")
 
 
 def atomic_write(path, write_fn):
@@ -860,6 +869,17 @@ def write_safetensors(tensors, path):
     atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
 
 
+# ModernBERT's released config.json (answerdotai/ModernBERT-base, -large), the fields Config does not hold: an export
+# carries them with these values (transformers' own default pooling is "cls", the released models' "mean"), or with an
+# HF source's. HF_NOT_KEPT: a source's fields that describe its file, not the model, or that the export derives.
+HF_RELEASED = dict(hidden_activation="gelu", classifier_pooling="mean", classifier_dropout=0.0,
+                   classifier_activation="gelu", classifier_bias=False, attention_bias=False, mlp_bias=False,
+                   norm_bias=False, decoder_bias=True, deterministic_flash_attn=False, gradient_checkpointing=False,
+                   initializer_cutoff_factor=2.0, position_embedding_type="absolute", reference_compile=True,
+                   sparse_prediction=False, sparse_pred_ignore_index=-100)
+HF_NOT_KEPT = ("architectures", "model_type", "rope_parameters", "transformers_version", "torch_dtype", "dtype")
+
+
 def config_from_hf(d):
     """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types, rope_parameters)."""
     if d.get("model_type") != "modernbert":
@@ -871,6 +891,8 @@ def config_from_hf(d):
     if d.get("hidden_activation", "gelu") != "gelu":
         fail("config.json hidden_activation is not 'gelu'; unsupported")
     kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
+    kw["hf_fields"] = {k: v for k, v in d.items() if k not in HF_NOT_KEPT + tuple(f.name for f in fields(Config))
+                       and not k.startswith("_")}
     for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
         if kind in (d.get("rope_parameters") or {}):
             kw[key] = d["rope_parameters"][kind].get("rope_theta", getattr(Config, key))
@@ -878,16 +900,13 @@ def config_from_hf(d):
 
 
 def config_to_hf(config):
-    d = {k: v for k, v in asdict(config).items()  # layer_types and rope_parameters carry the others
-         if k not in ("global_rope_theta", "local_rope_theta", "global_attn_every_n_layers")}
-    return dict(d, model_type="modernbert", architectures=["ModernBertForMaskedLM"],
-                bos_token_id=config.cls_token_id, eos_token_id=config.sep_token_id,
-                hidden_activation="gelu", classifier_activation="gelu", norm_bias=False,
-                attention_bias=False, mlp_bias=False, decoder_bias=True, classifier_bias=False,
-                tie_word_embeddings=True, initializer_cutoff_factor=2.0,
-                rope_parameters={kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in
-                                 (("full_attention", config.global_rope_theta),
-                                  ("sliding_attention", config.local_rope_theta))})
+    """config.json: ModernBERT's released fields, under an HF source's (classifier_pooling, ...), under the model's."""
+    rope = {kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in
+            (("full_attention", config.global_rope_theta), ("sliding_attention", config.local_rope_theta))}
+    return {**HF_RELEASED, **config.hf_fields, **{k: v for k, v in asdict(config).items() if k != "hf_fields"},
+            "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert", "tie_word_embeddings": True,
+            "bos_token_id": config.cls_token_id, "eos_token_id": config.sep_token_id, "layer_norm_eps": config.norm_eps,
+            "rope_parameters": rope}
 
 
 def load_hf(directory):
@@ -1133,9 +1152,12 @@ def parse_layers(spec, n_layers):
     for part in filter(None, spec.replace(" ", "").split(",")):
         try:
             a, _, b = part.partition("-")
-            out.update(range(int(a), int(b or a) + 1))
+            first, last = int(a), int(b or a)
         except ValueError:
             fail(f"--freeze_layers {spec!r} is not like '0-7' or '0-3,10'")
+        if last < first:
+            fail(f"--freeze_layers range {part!r} is empty (its end is below its start); write it low-high, e.g. {b}-{a}")
+        out.update(range(first, last + 1))
     if out and max(out) >= n_layers:
         fail(f"--freeze_layers {spec!r} names layer {max(out)}, the model has {n_layers}")
     return sorted(out)
@@ -1208,8 +1230,15 @@ def start_point(cfg, ckpt, optimizer):
         sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # fresh data
     for group in optimizer.param_groups:  # lr/wd come from this run's schedule, not the checkpoint
         group["weight_decay"] = torch_weight_decay(cfg) if group["weight_decay"] else 0.0
+    budget, total_steps = phase_budget(cfg, phase1_tokens)
+    return dict(step=step, tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens, budget=budget,
+                total_steps=total_steps)
+
+
+def phase_budget(cfg, phase1_tokens):
+    """-> (the phase's tokens: decay_tokens or decay_ratio x Phase 1's for a continuing phase, else max_tokens; steps)."""
     budget = (cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)) if PHASES[cfg.phase].continues else cfg.max_tokens
-    return dict(step=step, tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens, budget=budget)
+    return budget, max(1, math.ceil(budget / (cfg.global_batch_size * cfg.seq_len)))
 
 
 def save_run(cfg, run, step, tokens):
@@ -1233,7 +1262,7 @@ def open_outputs(cfg, run):
     source = open(os.path.abspath(__file__), "rb").read()
     atomic_write(os.path.join(cfg.out_dir, "detour.py"), lambda f: f.write(source))
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
-    if cfg.init_from == "resume" and os.path.exists(log_path):
+    if os.path.exists(log_path):  # a run that starts afresh (step 0) keeps none of an earlier attempt's records
         with open(log_path) as f:
             kept = [line for line in f if line.strip() and json.loads(line)["step"] <= run.step]
         atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
@@ -1243,37 +1272,72 @@ def open_outputs(cfg, run):
           f"tokens/step={run.tokens_per_step} frozen={run.frozen or 'none'} out_dir={cfg.out_dir}")
     if cfg.init_from == "scratch" and run.step == 0:
         save_hf(run.raw_model, os.path.join(cfg.out_dir, "init"), run.tokenizer)
+    if cfg.wandb_log:  # nanoGPT's tracker: imported only when asked for (main checked that it is installed)
+        import wandb
+        run.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or cfg.out_dir, config=vars(cfg),
+                               dir=cfg.out_dir)
     return open(log_path, "a")
 
 
+def log_record(run, record):
+    """Rank 0: one record to log.jsonl (flushed: a kill loses none) and, with --wandb_log, to Weights & Biases."""
+    run.log.write(json.dumps(record) + "\n")
+    run.log.flush()
+    if run.wandb:
+        run.wandb.log(record, step=record["step"])
+
+
 def main(argv):
-    """The constants, under what a run inherits (a resumed or torchrun-restarted run its saved configuration, a
-    continuing phase Phase 1's but the keys it owns), under argv; then train()."""
+    """The constants, under what a run inherits (a resumed run its saved configuration, a continuing phase Phase 1's but
+    the keys it owns), under argv; with --autoresume (or torchrun restarting the group) out_dir's own run continued;
+    then train()."""
     cfg = dict(DEFAULTS)
     given = apply_overrides(cfg, argv)
     check(cfg, RULES)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if restarted and cfg["init_from"] != "resume":
-        out = resolve_out_dir(SimpleNamespace(**cfg))
-        if os.path.exists(os.path.join(out, "ckpt.pt")):  # torchrun --max-restarts: continue, don't restart
-            given.update(init_from="resume", out_dir=out)
-            cfg.update(given)
     phase = PHASES.get(cfg["phase"])
-    if cfg["init_from"] == "resume":  # continue with the saved configuration
+    if cfg["init_from"] == "resume":  # continue with the saved configuration (a key it lacks: today's default)
         out = resolve_out_dir(SimpleNamespace(**cfg))
         saved = load_checkpoint(out)["config"]
-        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
+        cfg = {**cfg, **{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
     elif phase and phase.continues and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
         # Same data, model shape, batch and peak lr as Phase 1 unless told otherwise.
         saved = load_checkpoint(cfg["init_from"])["config"]
-        cfg = {**{k: v for k, v in saved.items() if not k.startswith("_") and k not in phase.own},
-               **{k: cfg[k] for k in phase.own}, **given}
+        cfg = {**cfg, **{k: v for k, v in saved.items() if not k.startswith("_") and k not in phase.own}, **given}
     check(cfg, RULES)  # again: also what a resumed or continuing run inherits (its device must exist here)
     cfg = SimpleNamespace(**cfg)
     if PHASES[cfg.phase].continues and cfg.init_from == "scratch":
         fail(f"--phase {cfg.phase} starts from a Phase-1 checkpoint; pass --init_from out/clm")
+    step_tokens = cfg.global_batch_size * cfg.seq_len
+    if not PHASES[cfg.phase].continues and cfg.max_tokens < step_tokens:
+        fail(f"--max_tokens {cfg.max_tokens} is less than one optimizer step, global_batch_size x seq_len = "
+             f"{cfg.global_batch_size} x {cfg.seq_len} = {step_tokens} tokens; raise --max_tokens or lower those")
+    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
+        fail("--wandb_log true needs the wandb package; pip install wandb (or --wandb_log false)")
     cfg.out_dir = resolve_out_dir(cfg)
-    return train(cfg)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts: continue
+    if (cfg.autoresume or restarted) and cfg.init_from != "resume" and os.path.exists(f"{cfg.out_dir}/ckpt.pt"):
+        cfg = autoresume(cfg, load_checkpoint(cfg.out_dir))
+    return train(cfg) if cfg else None
+
+
+def autoresume(cfg, ckpt):
+    """--autoresume, as Composer's: out_dir's checkpoint of this phase and configuration -> the run, continued as
+    --init_from resume does; finished -> None (said once; exit 0); of another phase or configuration -> refused, naming
+    what differs. Keys that change nothing computed may differ, and a resumed run's checkpoint says init_from "resume"."""
+    path, saved, master = os.path.join(cfg.out_dir, "ckpt.pt"), ckpt["config"], int(os.environ.get("RANK", "0")) == 0
+    ignored = {"out_dir", "overwrite", "progress", "autoresume", "wandb_log", "wandb_project", "wandb_run_name",
+               *(["init_from"] if saved.get("init_from") == "resume" else [])}
+    if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in vars(cfg).items()
+                  if k in saved and k not in ignored and saved[k] != v]:
+        fail(f"--autoresume: {path} was run with another configuration ({'; '.join(differ)}); rerun it with its "
+             "settings, or give another --out_dir")
+    if ckpt["step"] >= phase_budget(cfg, ckpt["phase1_tokens"])[1]:
+        if master:
+            print(f"detour: {cfg.out_dir} is finished (step {ckpt['step']}, {ckpt['tokens']:,} tokens); nothing to do")
+        return None
+    if master:
+        print(f"detour: autoresume: continuing {path} from step {ckpt['step']}")
+    return SimpleNamespace(**{**vars(cfg), "init_from": "resume"})
 
 
 if __name__ == "__main__":
