@@ -29,9 +29,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import Tokenizer, processors
+from tokenizers import Tokenizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
+
+from data import hf_format  # the Hugging Face file format (safetensors, config.json, tokenizer files)
 
 # ----------------------------------------------------------------------------------------
 # 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
@@ -709,8 +711,11 @@ def train(cfg):
             if run.master:
                 bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
                           f"accuracy {ev['acc']:.4f}")
-        if record and run.master:
-            log_record(run, record)
+        if record and run.master:  # log.jsonl (flushed: a kill loses none) and, with --wandb_log, Weights & Biases
+            run.log.write(json.dumps(record) + "\n")
+            run.log.flush()
+            if run.wandb:
+                run.wandb.log(record, step=step)
         # every ckpt_interval steps and at the end: a checkpoint; at the last step also the HF export
         if step % cfg.ckpt_interval == 0 or last_step:
             save_run(cfg, run, step, tokens)
@@ -779,9 +784,9 @@ def fail(message):
     """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no traceback. Under torchrun every
     rank meets the same bad input: rank 0 alone prints it; the others exit 1 quietly a second later, so that rank 0 has
     printed before torchrun (which stops the other workers when one exits) stops it, and is named the root cause."""
-    if int(os.environ.get("RANK", "0")):
-        time.sleep(1)
-    raise SystemExit(1 if int(os.environ.get("RANK", "0")) else f"error: {message}")
+    rank = int(os.environ.get("RANK", "0"))
+    time.sleep(1 if rank else 0)
+    raise SystemExit(1 if rank else f"error: {message}")
 
 
 def atomic_write(path, write_fn):
@@ -831,55 +836,8 @@ def load_tokenizer(path):
              "use the one data/prepare.py wrote")
 
 
-# The Hugging Face format: config.json + model.safetensors, read and written with a few lines
-# (an 8-byte header length, a JSON header, raw little-endian tensor bytes).
-ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        n = int.from_bytes(raw[:8], "little")
-        header = json.loads(raw[8:8 + n])
-    except (ValueError, UnicodeDecodeError):
-        fail(f"{path} is not a safetensors file (corrupt header); re-export or re-download it")
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = (8 + n + offset for offset in info["data_offsets"])
-        if end > len(raw) or info["dtype"] not in ST_DTYPES:
-            fail(f"{path} is truncated or corrupt at tensor {name!r}; re-export or re-download it")
-        out[name] = torch.frombuffer(bytearray(raw[start:end]), dtype=ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-    return out
-
-
-def write_safetensors(tensors, path):
-    names = {v: k for k, v in ST_DTYPES.items()}
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, t in tensors.items():
-        b = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)  # align tensor data to 8 bytes
-    atomic_write(path, lambda f: [f.write(len(h).to_bytes(8, "little")), f.write(h), *map(f.write, blobs)])
-
-
-# ModernBERT's released config.json (answerdotai/ModernBERT-base, -large), the fields Config does not hold: an export
-# carries them with these values (transformers' own default pooling is "cls", the released models' "mean"), or with an
-# HF source's. HF_NOT_KEPT: a source's fields that describe its file, not the model, or that the export derives.
-HF_RELEASED = dict(hidden_activation="gelu", classifier_pooling="mean", classifier_dropout=0.0,
-                   classifier_activation="gelu", classifier_bias=False, attention_bias=False, mlp_bias=False,
-                   norm_bias=False, decoder_bias=True, deterministic_flash_attn=False, gradient_checkpointing=False,
-                   initializer_cutoff_factor=2.0, position_embedding_type="absolute", reference_compile=True,
-                   sparse_prediction=False, sparse_pred_ignore_index=-100)
-HF_NOT_KEPT = ("architectures", "model_type", "rope_parameters", "transformers_version", "torch_dtype", "dtype")
-
-
+# The Hugging Face format (config.json, model.safetensors, tokenizer files) is data/hf_format.py's: a file format, with
+# no detour in it. Here: the model built from it and written into it, its errors as one line.
 def config_from_hf(d):
     """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types, rope_parameters)."""
     if d.get("model_type") != "modernbert":
@@ -891,22 +849,11 @@ def config_from_hf(d):
     if d.get("hidden_activation", "gelu") != "gelu":
         fail("config.json hidden_activation is not 'gelu'; unsupported")
     kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
-    kw["hf_fields"] = {k: v for k, v in d.items() if k not in HF_NOT_KEPT + tuple(f.name for f in fields(Config))
-                       and not k.startswith("_")}
+    kw["hf_fields"] = hf_format.source_fields(d, [f.name for f in fields(Config)])
     for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
         if kind in (d.get("rope_parameters") or {}):
             kw[key] = d["rope_parameters"][kind].get("rope_theta", getattr(Config, key))
     return Config(**kw)
-
-
-def config_to_hf(config):
-    """config.json: ModernBERT's released fields, under an HF source's (classifier_pooling, ...), under the model's."""
-    rope = {kind: {"rope_type": "default", "rope_theta": theta} for kind, theta in
-            (("full_attention", config.global_rope_theta), ("sliding_attention", config.local_rope_theta))}
-    return {**HF_RELEASED, **config.hf_fields, **{k: v for k, v in asdict(config).items() if k != "hf_fields"},
-            "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert", "tie_word_embeddings": True,
-            "bos_token_id": config.cls_token_id, "eos_token_id": config.sep_token_id, "layer_norm_eps": config.norm_eps,
-            "rope_parameters": rope}
 
 
 def load_hf(directory):
@@ -916,7 +863,11 @@ def load_hf(directory):
         if not os.path.exists(p):
             fail(f"{p} not found; point at a directory with config.json and model.safetensors")
     model = ModernBERT(config_from_hf(read_json(cfg_path, fix="re-export or re-download it")))
-    sd = read_safetensors(st_path)
+    try:
+        with open(st_path, "rb") as f:
+            sd = hf_format.decode_safetensors(f.read())
+    except ValueError as e:
+        fail(f"{st_path} {e}; re-export or re-download it")
     sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
@@ -929,8 +880,10 @@ def save_hf(model, directory, tokenizer_path=None):
     model = getattr(model, "_orig_mod", model)
     os.makedirs(directory, exist_ok=True)
     sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
-    write_safetensors(sd, os.path.join(directory, "model.safetensors"))
-    files = {"config.json": json.dumps(config_to_hf(model.config), indent=2)}
+    chunks = hf_format.encode_safetensors(sd)
+    atomic_write(os.path.join(directory, "model.safetensors"), lambda f: [*map(f.write, chunks)])
+    fields = {k: v for k, v in asdict(model.config).items() if k != "hf_fields"}
+    files = {"config.json": json.dumps(hf_format.config_json(fields, model.config.hf_fields), indent=2)}
     if tokenizer_path:
         files.update(hf_tokenizer_files(model.config, tokenizer_path))
     for name, text in files.items():
@@ -938,23 +891,10 @@ def save_hf(model, directory, tokenizer_path=None):
 
 
 def hf_tokenizer_files(config, tokenizer_path):
-    """{file name: text} for AutoTokenizer and pipeline("fill-mask"): the data's tokenizer.json ([MASK] takes the space
-    before it; [CLS] a [SEP] added, as prepare.py stores documents, unless it has a post-processor) and configs."""
+    """{file name: text} of the data's tokenizer for AutoTokenizer and pipeline("fill-mask"); a bad file: one line."""
     load_tokenizer(tokenizer_path)  # a file the tokenizers library cannot read is a one-line error
     d = read_json(tokenizer_path, ("added_tokens",), "use the tokenizer.json data/prepare.py wrote")
-    names = {t["id"]: t for t in d["added_tokens"]}
-    special = {f"{k}_token": names[i]["content"] for k in ("cls", "sep", "pad", "mask", "unk")
-               if (i := getattr(config, f"{k}_token_id")) in names}
-    names.get(config.mask_token_id, {})["lstrip"] = True
-    tok, (cls, sep) = Tokenizer.from_str(json.dumps(d)), (special.get("cls_token"), special.get("sep_token"))
-    if tok.post_processor is None and cls and sep:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-            special_tokens=[(cls, config.cls_token_id), (sep, config.sep_token_id)])
-    hf_config = dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=config.max_position_embeddings,
-                     clean_up_tokenization_spaces=False, **special)
-    return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(hf_config, indent=2),
-            "special_tokens_map.json": json.dumps(special, indent=2)}
+    return hf_format.tokenizer_files(d, config)
 
 
 # Model FLOPs, for MFU
@@ -1279,14 +1219,6 @@ def open_outputs(cfg, run):
     return open(log_path, "a")
 
 
-def log_record(run, record):
-    """Rank 0: one record to log.jsonl (flushed: a kill loses none) and, with --wandb_log, to Weights & Biases."""
-    run.log.write(json.dumps(record) + "\n")
-    run.log.flush()
-    if run.wandb:
-        run.wandb.log(record, step=record["step"])
-
-
 def main(argv):
     """The constants, under what a run inherits (a resumed run its saved configuration, a continuing phase Phase 1's but
     the keys it owns), under argv; with --autoresume (or torchrun restarting the group) out_dir's own run continued;
@@ -1316,11 +1248,11 @@ def main(argv):
     cfg.out_dir = resolve_out_dir(cfg)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts: continue
     if (cfg.autoresume or restarted) and cfg.init_from != "resume" and os.path.exists(f"{cfg.out_dir}/ckpt.pt"):
-        cfg = autoresume(cfg, load_checkpoint(cfg.out_dir))
+        cfg = autoresume_run(cfg, load_checkpoint(cfg.out_dir))
     return train(cfg) if cfg else None
 
 
-def autoresume(cfg, ckpt):
+def autoresume_run(cfg, ckpt):
     """--autoresume, as Composer's: out_dir's checkpoint of this phase and configuration -> the run, continued as
     --init_from resume does; finished -> None (said once; exit 0); of another phase or configuration -> refused, naming
     what differs. Keys that change nothing computed may differ, and a resumed run's checkpoint says init_from "resume"."""
