@@ -100,7 +100,7 @@ IGNORE = -100  # target value that carries no loss
 
 
 # ----------------------------------------------------------------------------------------
-# 2. The phases: one entry per row of the README's objectives table. Everything that differs
+# 2. The phases: one entry per row of the objectives table (docs/model.md). Everything that differs
 # between phases is read from here; cfg.phase only picks the entry.
 @dataclass(frozen=True)
 class Phase:  # each field, and after "->" the function where it acts

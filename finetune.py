@@ -50,7 +50,7 @@ from detour import fail
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Protocol:
-    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (README); those that exist
+    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (quick start); those that exist
     tasks: str = "default"          # comma-separated name=kind:path, or `default` (the embedded tasks)
     out_dir: str = "out/finetune"   # results.md / results.json
     tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
@@ -756,7 +756,7 @@ def main(argv=None):
         return transplant(p, paths, p.layers, p.tasks)
     found = [q for q in paths if all(os.path.isdir(r) for r in q.split("+") if r)]
     if not found:
-        fail(f"no checkpoint found among {', '.join(paths)}; train them (README) or pass --ckpts")
+        fail(f"no checkpoint found among {', '.join(paths)}; train them (the README's quick start) or pass --ckpts")
     for q in [q for q in paths if q not in found]:
         print(f"note: {q} not found, skipped")
     return run(p, found, p.tasks)

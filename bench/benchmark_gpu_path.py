@@ -1,4 +1,4 @@
-"""The 8192-token training path, measured on a CPU: what issue 20's changes buy, before against after.
+"""The 8192-token training path, measured on a CPU: what the GPU-path changes buy, before against after.
 
     git show 4fd3d0f:detour.py > /tmp/before/detour.py
     python bench/benchmark_gpu_path.py --before /tmp/before/detour.py --data data/bio [--parts batch,work,compile,memory]

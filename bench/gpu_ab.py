@@ -1,5 +1,5 @@
 """Where a base-preset training step at T = 8192 loses its time, and what each candidate change buys: one
-process, one run, every figure from it (issue 30). A script, not a test (tests/test_gpu_ab.py runs its CPU smoke).
+process, one run, every figure from it. A script, not a test (tests/test_gpu_ab.py runs its CPU smoke).
 
     python bench/gpu_ab.py --budget 360                       # one H100/H200: floors, then the variants in order
     python bench/gpu_ab.py --variants baseline,regional+bf16  # any list; flags join with +
@@ -608,7 +608,7 @@ def estimate_s(S, rows, mode):
 # ----------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------
-# On a GPU: today's code eager first (no compile: cheap; the README's paper command runs it; the reference of the
+# On a GPU: today's code eager first (no compile: cheap; docs/paper-recipe.md's command runs it; the reference of the
 # checks), in both phases; then regional compilation, whose compile should be the shortest, as the base of the single
 # changes, so that most of them fit a short window; the best of them in both phases; then today's whole-model compile
 # (two compiles of the base preset: static, then with dynamic spans) and what refines the best. --budget cuts the list

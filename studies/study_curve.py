@@ -1,8 +1,8 @@
-"""The report of README's two study protocols (not a test): "Where the detour starts to pay" (Phase-1
-length and capacity) and "Why the detour pays where it pays" (freeze, transplant, a third size, five
-replicates). Reads what their commands wrote under out/bio/ and prints every point's figures, the summary
-table, the freeze, transplant and three-size analyses, and the verdicts of the decision rules each protocol
-committed before any score, applied mechanically.
+"""The report of two study protocols (not a test): "Where the detour starts to pay" (Phase-1 length and capacity,
+docs/studies/where-it-pays.md) and "Why the detour pays where it pays" (freeze, transplant, a third size, five
+replicates, docs/studies/why-it-pays.md). Reads what their commands wrote under out/bio/ and prints every point's
+figures, the summary table, the freeze, transplant and three-size analyses, and the verdicts of the decision rules
+each protocol committed before any score, applied mechanically.
 
     python studies/study_curve.py                 # -> stdout, out/bio/curve.md and out/bio/curve.json
     python studies/study_curve.py --out_dir out/bio

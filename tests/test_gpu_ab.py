@@ -1,6 +1,6 @@
 """bench/gpu_ab.py on a CPU: its --cpu_smoke (every variant at toy sizes, checked against the baseline, no graph
 break, at most one recompile), that its checks catch planted bugs, its stand-in for the varlen kernel, and how it
-picks the best flags. The GPU figures themselves need a GPU (the README's GPU section)."""
+picks the best flags. The GPU figures themselves need a GPU (docs/gpu.md)."""
 import json
 
 import pytest

@@ -1,5 +1,5 @@
 """What happens when things go wrong: preemption, kills, crashes mid-write, NaN, bad input,
-a DDP rank dying. Each promise in the README's "What happens when things go wrong" is here."""
+a DDP rank dying. Each promise of docs/reliability.md is here."""
 import json
 import os
 import signal

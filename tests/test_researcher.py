@@ -1,4 +1,4 @@
-"""The researcher's path (issue 39): autoresume, the SLURM scripts (requeue after SIGTERM) and a multi-node
+"""The researcher's path: autoresume, the SLURM scripts (requeue after SIGTERM) and a multi-node
 rendezvous on one machine, the complete HF export, one error line under torchrun, the W&B tracker."""
 import json
 import os
