@@ -337,16 +337,20 @@ def collect(out):
     return lines, data
 
 
+def write_report(out_dir, stem, lines, data):
+    """Print the report and, where out_dir exists, write it as <stem>.md and its numbers as <stem>.json."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if os.path.isdir(out_dir):
+        for name, content in ((f"{stem}.md", text), (f"{stem}.json", json.dumps(data, indent=1))):
+            finetune.detour.atomic_write(os.path.join(out_dir, name), lambda f: f.write(content.encode("utf-8")))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out_dir", default="out/bio")
     args = ap.parse_args()
-    lines, data = collect(args.out_dir)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if os.path.isdir(args.out_dir):
-        for name, content in (("curve.md", text), ("curve.json", json.dumps(data, indent=1))):
-            finetune.detour.atomic_write(os.path.join(args.out_dir, name), lambda f: f.write(content.encode("utf-8")))
+    write_report(args.out_dir, "curve", *collect(args.out_dir))
 
 
 if __name__ == "__main__":

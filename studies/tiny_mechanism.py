@@ -9,7 +9,6 @@ there yet is listed as missing, not guessed.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -18,7 +17,7 @@ if not __package__:  # run as a file (python studies/x.py), not imported: the re
     sys.path.insert(0, ROOT)
 import finetune  # noqa: E402  (the statistics: t interval, sign flip)
 from studies.study_curve import (R5, chain_losses, comparison, freeze_rule, interval, last_eval,  # noqa: E402
-                                 read_json)
+                                 read_json, write_report)
 
 # decay length (share of the Phase-1 tokens) -> the suffix of its runs: out/bio/t1000-{clm,mlm}-r<k>-<suffix>
 LENGTHS = {"2.5%": "decay2.5", "10%": "decay", "20%": "decay20", "50%": "decay50", "100%": "decay100"}
@@ -211,11 +210,7 @@ def main():
     ap.add_argument("--png", default="", help="also draw the figure into this file (needs matplotlib)")
     args = ap.parse_args()
     lines, data = collect(args.out_dir)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if os.path.isdir(args.out_dir):
-        for name, content in (("tiny-mechanism.md", text), ("tiny-mechanism.json", json.dumps(data, indent=1))):
-            finetune.detour.atomic_write(os.path.join(args.out_dir, name), lambda f: f.write(content.encode("utf-8")))
+    write_report(args.out_dir, "tiny-mechanism", lines, data)
     if args.png:
         figure(data, args.png)
 

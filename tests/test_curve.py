@@ -242,3 +242,69 @@ def test_the_figure_is_drawn_from_what_there_is(tmp_path, capsys):
         "\n".join(study_curve.collect(str(tmp_path))[0])  # m1000's CKA, read from cka-m1000
     study_figure.main(["--out_dir", str(tmp_path / "empty"), "--png", str(tmp_path / "none.png")])
     assert "nothing to draw yet" in capsys.readouterr().out and not (tmp_path / "none.png").exists()
+
+
+# ----------------------------------------------------------------------------------------
+# studies/tiny_mechanism.py: the decay-length rules and the freeze rule with five replicates
+# ----------------------------------------------------------------------------------------
+def make_tiny_mechanism(root, D, arms_vs10, freeze):
+    """Every file of the tiny-mechanism study: per decay length its runs' logs and its D grid (CLM arm offset by
+    D[length]), the arm-vs-10% grids (arms_vs10[arm][length]: the 10% arm's offset), the freeze runs and grids."""
+    from studies import tiny_mechanism as tm
+    n = len(NAMES) * 5
+    for length, suffix in tm.LENGTHS.items():
+        for arm, k in ((a, k) for a in ("clm", "mlm") for k in range(1, 6)):
+            log(root, f"t1000-{arm}-r{k}-{suffix}", [dict(step=1, val_loss=4.6 if arm == "clm" else 3.7,
+                                                          val_unigram=6.6, val_acc=0.3)])
+        if length in D:
+            write_grid(os.path.join(root, tm.d_grid(length), "results.json"),
+                       {"clm": units(D[length], n), "mlm": [0.0] * n}, 5)
+    for arm, by_length in arms_vs10.items():
+        for length, center in by_length.items():
+            write_grid(os.path.join(root, tm.arm_grid(arm, length), "results.json"),
+                       {f"{arm}10": units(center, n), f"{arm}{length}": [0.0] * n}, 5)
+    for layer, center in freeze.items():
+        chain(root, f"t1000-clm-freeze{layer}", range(1, 6), 4.7)
+        write_grid(os.path.join(root, f"ft8-t1000-freeze{layer}-r5", "results.json"),
+                   {f"freeze{layer}": units(center, n), "mlm": [0.0] * n}, 5)
+
+
+def test_tiny_mechanism_rules_from_the_files(tmp_path):
+    """The committed rules, applied to files in the study's layout: the gain persists where D's interval is above 0,
+    fades when D falls from 10% to 100% and D(100%) lies below D(10%), 10% is best for an arm only if every paired
+    interval is above 0; the freeze rule needs the unfrozen gain and one layer alone losing it."""
+    from studies import tiny_mechanism as tm
+    others = ("2.5%", "20%", "50%", "100%")
+    make_tiny_mechanism(tmp_path, {"2.5%": 0.0, "10%": 0.02, "20%": 0.015, "50%": 0.01, "100%": -0.01},
+                        {"clm": dict.fromkeys(others, 0.01), "mlm": {**dict.fromkeys(others, 0.01), "100%": 0.0}},
+                        {0: 0.0, 1: 0.02, 2: 0.02})
+    lines, data = tm.collect(str(tmp_path))
+    verdicts = "\n".join(data["verdicts"])
+    assert "- The gain at 10%: persists" in verdicts and "- The gain at 50%: persists" in verdicts
+    assert "- The gain at 2.5%: does not persist" in verdicts and "- The gain at 100%: does not persist" in verdicts
+    assert "- Fades: fades (D falls monotonically from 10% to 100%: yes;" in verdicts
+    assert "- 10% is best for the CLM twin: yes" in verdicts
+    assert "- 10% is best for the MLM twin: cannot tell (" in verdicts
+    assert "- Freeze during CLM, five replicates: the gain lives in layer 0" in verdicts
+    table = "\n".join(lines)
+    assert "| 10% | 100 | 52.0 | 50.0 | +2.0 [+1.6, +2.3] | gain |" in table and "4.60 / 3.70 (6.60)" in table
+    # D rising again at 100%: no fading; a freeze grid missing: the rule says what it needs
+    make_tiny_mechanism(tmp_path, {"100%": 0.012}, {}, {})
+    os.remove(tmp_path / "ft8-t1000-freeze2-r5" / "results.json")
+    lines, data = tm.collect(str(tmp_path))
+    assert any(v.startswith("- Fades: cannot tell whether it fades") for v in data["verdicts"])
+    assert data["verdicts"][-1] == "- Freeze during CLM, five replicates: needs every freeze grid; missing layer 2."
+    assert "missing: out/bio/ft8-t1000-freeze2-r5/results.json" in lines
+
+
+def test_tiny_mechanism_names_what_is_missing_and_draws_what_there_is(tmp_path):
+    from studies import tiny_mechanism as tm
+    lines, data = tm.collect(str(tmp_path))
+    assert "- Fades: needs D at 10%, 20%, 50% and 100%; missing." in data["verdicts"]
+    assert "- Freeze during CLM, five replicates: needs t1000 (its D is the precondition); missing t1000." in data["verdicts"]
+    assert "missing: out/bio/ft8-t1000-r5/results.json" in lines
+    pytest.importorskip("matplotlib")
+    make_tiny_mechanism(tmp_path, {"10%": 0.02, "100%": 0.01}, {}, {})
+    png = tmp_path / "tiny-mechanism.png"
+    tm.figure(tm.collect(str(tmp_path))[1], str(png))
+    assert png.stat().st_size > 10_000
