@@ -30,7 +30,6 @@ def write_tiny_data(directory, n_train_docs=600, n_val_docs=40, vocab=256, seed=
     return directory
 
 
-
 def per_document_varlen(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, -1)):
     """A reference for torch.nn.attention.varlen.varlen_attn, written from its documentation: on
     (tokens, H, D) tensors, attention inside each sequence [cu[i], cu[i+1]), key j seen by query i
