@@ -727,7 +727,7 @@ def train(cfg):
             save_run(cfg, run, step, tokens)
             if run.master:
                 print(f"detour: stopped by signal {run.signal} at step {step}; checkpoint saved. "
-                      f"Continue with --init_from resume --out_dir {cfg.out_dir}")
+                      f"Continue with {'the same command' if cfg.autoresume else '--init_from resume --out_dir ' + cfg.out_dir}")
             break
     bar.close()
     if run.world > 1:

@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if not __package__:  # run as a file (python studies/x.py), not imported: the repository root, for detour and bench
     sys.path.insert(0, ROOT)
 import finetune  # noqa: E402  (the study's own statistics: t interval, sign flip)
+from studies import gather  # noqa: E402  (the log reader every study report shares)
 
 # A point: its twins are out/bio/<prefix>{clm,mlm}-r<k>[-decay], its 8-task grid out/bio/<grid>/results.json
 # and its CKA out/bio/<cka>/cka.json (None: the CKA belongs to the 3-replicate row of the same twins).
@@ -45,12 +46,10 @@ CAPACITY3 = ("t1000 (5 reps)", "s1000 (5 reps)", "m1000")  # tiny, small, medium
 # Reading: every number comes from a file a protocol command writes; None where it is not there
 # ----------------------------------------------------------------------------------------
 def last_eval(run_dir):
-    """The last log.jsonl record with a validation loss: (loss, unigram CE of the same targets, accuracy)."""
-    path = os.path.join(run_dir, "log.jsonl")
-    if not os.path.isfile(path):
-        return None
-    evals = [r for r in map(json.loads, open(path)) if "val_loss" in r]
-    return (evals[-1]["val_loss"], evals[-1]["val_unigram"], evals[-1].get("val_acc")) if evals else None
+    """The last log.jsonl record with a validation loss (gather's reader): (loss, unigram CE of the same targets,
+    accuracy), or None."""
+    r = gather.last_eval(run_dir)
+    return (r["val_loss"], r["val_unigram"], r.get("val_acc")) if r else None
 
 
 def chain_losses(out, stem, reps):

@@ -145,6 +145,7 @@ def test_pretrain_sbatch_sigterm_requeue_then_rerun_reaches_the_same_loss(tiny_d
     text = p.communicate(timeout=120)[0]
     assert p.returncode == 0, text
     assert "SIGTERM to the training processes, then requeue 4242" in text and "stopped by signal 15" in text, text
+    assert "Continue with the same command" in text, text  # --autoresume: the requeued job's rerun, no flag to add
     assert open(tmp_path / "slurm.log").read().splitlines()[-1] == "scontrol requeue 4242"
     step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
     assert 7 <= step < 20

@@ -198,6 +198,7 @@ def test_resume_after_sigterm_is_exact(tiny_data, tmp_path):
     p.terminate()
     text = p.communicate(timeout=60)[0]
     assert p.returncode == 0 and "stopped by signal" in text, text
+    assert f"Continue with --init_from resume --out_dir {out}" in text, text  # without --autoresume: the way back
     stopped_at = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
     assert 0 < stopped_at < 24
     resumed = run(["--init_from", "resume", "--out_dir", out, "--phase", "mlm"])
