@@ -85,6 +85,7 @@ progress = True            # tqdm bar
 wandb_log = False          # also send every log.jsonl record to Weights & Biases (rank 0; pip install wandb)
 wandb_project = "detour"
 wandb_run_name = ""        # "" = out_dir
+wandb_run_id = ""          # "" = a new W&B run; saved in the checkpoint, so a resumed or requeued run logs into its own
 
 # The constants above, as the run's configuration (the command line overrides a copy).
 DEFAULTS = {k: v for k, v in dict(globals()).items()
@@ -120,7 +121,7 @@ PHASES = {
     "mlm": Phase(causal=False, targets="masked", rate="mlm_rate"),
     "decay": Phase(causal=False, targets="masked", rate="decay_mlm_rate", schedule="1-sqrt", continues=True,
                    own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens",
-                        "autoresume")),
+                        "autoresume", "wandb_run_id")),
 }
 
 
@@ -1215,7 +1216,8 @@ def open_outputs(cfg, run):
     if cfg.wandb_log:  # nanoGPT's tracker: imported only when asked for (main checked that it is installed)
         import wandb
         run.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or cfg.out_dir, config=vars(cfg),
-                               dir=cfg.out_dir)
+                               dir=cfg.out_dir, id=cfg.wandb_run_id or None, resume="allow")
+        cfg.wandb_run_id = run.wandb.id  # into the checkpoint's configuration: a resume continues this W&B run
     return open(log_path, "a")
 
 
@@ -1257,7 +1259,7 @@ def autoresume_run(cfg, ckpt):
     --init_from resume does; finished -> None (said once; exit 0); of another phase or configuration -> refused, naming
     what differs. Keys that change nothing computed may differ, and a resumed run's checkpoint says init_from "resume"."""
     path, saved, master = os.path.join(cfg.out_dir, "ckpt.pt"), ckpt["config"], int(os.environ.get("RANK", "0")) == 0
-    ignored = {"out_dir", "overwrite", "progress", "autoresume", "wandb_log", "wandb_project", "wandb_run_name",
+    ignored = {"out_dir", "overwrite", "progress", "autoresume", "wandb_log", "wandb_project", "wandb_run_name", "wandb_run_id",
                *(["init_from"] if saved.get("init_from") == "resume" else [])}
     if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in vars(cfg).items()
                   if k in saved and k not in ignored and saved[k] != v]:
@@ -1269,7 +1271,8 @@ def autoresume_run(cfg, ckpt):
         return None
     if master:
         print(f"detour: autoresume: continuing {path} from step {ckpt['step']}")
-    return SimpleNamespace(**{**vars(cfg), "init_from": "resume"})
+    wandb_run = cfg.wandb_run_id or saved.get("wandb_run_id") or ""  # the requeued job logs into its own W&B run
+    return SimpleNamespace(**{**vars(cfg), "init_from": "resume", "wandb_run_id": wandb_run})
 
 
 if __name__ == "__main__":

@@ -268,6 +268,36 @@ def test_wandb_gets_every_log_record_in_offline_mode(tiny_data, tmp_path, monkey
     assert len(runs) == 1 and any(f.endswith(".wandb") for f in os.listdir(os.path.join(out, "wandb", runs[0])))
 
 
+def test_wandb_run_survives_a_requeue_and_the_decay_starts_its_own(tiny_data, tmp_path, monkeypatch):
+    """A stopped run continued by --autoresume logs into the same W&B run (its id saved in the checkpoint), as does
+    --init_from resume; the decay, a run of its own, starts a new one."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    inits, real_init, real_stop = [], wandb.init, detour.stop_requested
+    monkeypatch.setattr(wandb, "init", lambda **kw: (inits.append(kw), real_init(**kw))[1])
+    calls = []  # the loop asks once per step: a SIGTERM at step 5
+    monkeypatch.setattr(detour, "stop_requested", lambda run: calls.append(1) is None and len(calls) >= 5)
+    out, cmd = str(tmp_path / "w"), ["--data_dir", tiny_data, *ARGS, "--out_dir", str(tmp_path / "w"), "--wandb_log",
+                                     "true", "--autoresume", "true"]
+    detour.main(cmd)
+    wandb.finish()
+    first = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["config"]["wandb_run_id"]
+    assert inits[0]["id"] is None and first and torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"] < 20
+    monkeypatch.setattr(detour, "stop_requested", real_stop)
+    detour.main(cmd)  # the requeued job's same command
+    wandb.finish()
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    assert ckpt["step"] == 20 and inits[1]["id"] == first and ckpt["config"]["wandb_run_id"] == first
+    detour.main(["--phase", "decay", "--init_from", out, "--wandb_log", "true"])
+    wandb.finish()
+    assert inits[2]["id"] is None and inits[2]["name"] == out + "-decay"
+    decay = torch.load(os.path.join(out + "-decay", "ckpt.pt"), weights_only=False)["config"]["wandb_run_id"]
+    assert decay and decay != first
+    runs = sorted(d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run-"))
+    assert len(runs) == 2 and all(r.split("-")[3] == first for r in runs), runs  # two attempts, one W&B run id
+
+
 def test_wandb_missing_is_one_line(tiny_data, tmp_path):
     """Without the package (hidden by sys.modules["wandb"] = None): one line naming pip install wandb, nothing written."""
     r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['wandb'] = None; import detour; "
