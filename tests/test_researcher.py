@@ -282,8 +282,9 @@ def test_wandb_run_survives_a_requeue_and_the_decay_starts_its_own(tiny_data, tm
                                      "true", "--autoresume", "true"]
     detour.main(cmd)
     wandb.finish()
-    first = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["config"]["wandb_run_id"]
-    assert inits[0]["id"] is None and first and torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"] < 20
+    stopped = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    first = stopped["config"]["wandb_run_id"]
+    assert inits[0]["id"] is None and first and stopped["step"] < 20
     monkeypatch.setattr(detour, "stop_requested", real_stop)
     detour.main(cmd)  # the requeued job's same command
     wandb.finish()
