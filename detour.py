@@ -1,8 +1,8 @@
 """
 detour.py: continued pretraining of a ModernBERT encoder with a Causal LM detour.
 
-The paper ("A Causal Language Modeling Detour Improves Encoder Continued Pretraining") adapts
-an encoder to a new domain in two phases at a fixed token budget:
+The paper ("A Causal Language Modeling Detour Improves Encoder Continued Pretraining") adapts an
+encoder to a new domain in two phases at a fixed token budget:
   Phase 1  --phase clm    causal attention mask, next-token loss at every position
            --phase mlm    (the baseline twin) bidirectional, 30% masking
   Phase 2  --phase decay  bidirectional MLM at 15%, ~10% of the Phase-1 tokens,
@@ -13,39 +13,55 @@ The two twins differ only in the Phase-1 objective: same data, same order, same 
   torchrun --standalone --nproc_per_node=1 detour.py --phase clm
   torchrun --standalone --nproc_per_node=1 detour.py --phase decay --init_from out/clm
 
-Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy
-of this file as out_dir/detour.py: an ablation made by editing a constant stays reproducible.
-Sections: 1 constants, 2 the phases, 3 the model (parameter names as HF's ModernBertForMaskedLM),
-4 objectives and data windows, 5 optimizer and schedule, 6 the training loop, 7 plumbing
-(files, HF format, FLOPs, DDP, CLI, resume, main).
+Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy of
+this file as out_dir/detour.py, and the copy runs by itself (it imports nothing of this
+repository): an ablation made by editing a constant stays reproducible.
+
+Sections 1-6 are the method: 1 constants, 2 the phases, 3 the model (parameter names as HF's
+ModernBertForMaskedLM), 4 objectives and data windows, 5 optimizer and schedule, 6 the training
+loop. Section 7 is plumbing, to read when you need it: errors and files, the HF format, FLOPs,
+the GPU path, DDP, the command line, checkpoints and where a run starts, main.
 """
-import concurrent.futures, functools, importlib.util, itertools, json, math, os, re, signal, sys, time  # noqa: E401
+import concurrent.futures
+import functools
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import sys
+import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
-from types import SimpleNamespace
+from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, processors
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from data import hf_format  # the Hugging Face file format (safetensors, config.json, tokenizer files)
-
-# ----------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
 # default run fit a 2-core CPU in a few minutes.
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
-preset = "small"           # model shape when init_from=scratch: tiny | small | medium | base | large
+preset = "small"           # model shape from scratch: tiny | small | medium | base | large
 init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir | resume
 out_dir = ""               # "" = out/<phase> (Phase 1) or <init_from>-decay (decay)
 data_dir = "data/default"  # train.bin / val.bin / meta.json from data/prepare.py
-overwrite = False          # a fresh run may replace the checkpoint in out_dir, of any phase (else refused)
-autoresume = False         # the same command is safe to rerun (a requeued job): continue out_dir's checkpoint of
-                           # this phase and configuration, start if it has none, exit 0 if it is finished
+overwrite = False          # a fresh run may replace the checkpoint in out_dir, of any phase
+                           # (else refused)
+autoresume = False         # the same command is safe to rerun (a requeued job): continue
+                           # out_dir's checkpoint of this phase and configuration, start if it
+                           # has none, exit 0 if it is finished
+early_decay = False        # a decay may start from a Phase 1 that stopped before its last step
+                           # (else refused: the twins would be compared short of their budget)
 # objective
 mlm_rate = 0.30            # Phase-1 MLM baseline masking rate (paper: 30%)
 decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
@@ -53,9 +69,11 @@ doc_mask = True            # packed documents never attend across the [SEP] boun
 # data and batch
 seq_len = 128              # paper: 8192
 batch_size = 4             # micro-batch, sequences per rank per forward
-global_batch_size = 4      # sequences per optimizer step over all ranks (paper: 384); the CPU default buys
-                           # steps: the detour twin relearns bidirectional use only in its decay (10% of them)
-max_tokens = 1_000_000     # Phase-1 budget in tokens (paper: billions): ~1,950 steps, a ~195-step decay
+global_batch_size = 4      # sequences per optimizer step over all ranks (paper: 384); the CPU
+                           # default buys steps: the detour twin relearns bidirectional use
+                           # only in its decay (10% of them)
+max_tokens = 1_000_000     # Phase-1 budget in tokens (paper: billions): ~1,950 steps, a ~195-step
+                           # decay
 decay_ratio = 0.10         # decay length as a fraction of Phase-1 tokens
 decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 tokens
 data_seed = 42             # data order seed (paper: 42)
@@ -65,7 +83,8 @@ learning_rate = 2e-3       # peak lr (paper: 2e-4 for continued pretraining of b
                            # model trained from scratch on a CPU budget wants more)
 warmup_tokens = 20_480     # linear warmup (40 steps here), then constant (paper: 100M)
 min_lr_ratio = 0.10        # decay ends at 10% of peak
-beta1, beta2 = 0.9, 0.98
+beta1 = 0.9
+beta2 = 0.98
 eps = 1e-6
 weight_decay = 1e-5        # paper's *fully decoupled* wd; converted for torch AdamW below
 grad_clip = 0.0            # max grad norm, 0 = off (upstream uses none: clipping would treat
@@ -75,57 +94,79 @@ freeze_layers = ""         # e.g. "0-7" or "8-14": layers that do not train in t
 device = "auto"            # auto | cpu | cuda | cuda:N
 dtype = "auto"             # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16
 compile = False            # torch.compile the model
-attn_backend = "auto"      # auto (varlen where it can run: CUDA, bf16; else sdpa) | sdpa | varlen (FlashAttention's
-                           # variable-length kernel, documents apart) | dense_window (local layers on a T x T mask)
+attn_backend = "auto"      # auto (varlen where it can run: CUDA, bf16; else sdpa) | sdpa |
+                           # varlen (FlashAttention's variable-length kernel, documents apart)
 eval_interval = 400        # steps between validation
 eval_tokens = 65_536       # fixed validation budget (split over ranks)
 log_interval = 20
 ckpt_interval = 200        # steps between checkpoints (also written at the end)
 progress = True            # tqdm bar
-wandb_log = False          # also send every log.jsonl record to Weights & Biases (rank 0; pip install wandb)
+wandb_log = False          # also send every log.jsonl record to Weights & Biases (rank 0;
+                           # pip install wandb)
 wandb_project = "detour"
 wandb_run_name = ""        # "" = out_dir
-wandb_run_id = ""          # "" = a new W&B run; saved in the checkpoint, so a resumed or requeued run logs into its own
+wandb_run_id = ""          # "" = a new W&B run; saved in the checkpoint, so a resumed or
+                           # requeued run logs into its own
 
 # The constants above, as the run's configuration (the command line overrides a copy).
 DEFAULTS = {k: v for k, v in dict(globals()).items()
             if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-PRESETS = {  # hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
+# hidden, intermediate, layers, heads; ModernBERT-base/large are the released shapes
+PRESETS = {
     "tiny": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2),
-    "small": dict(hidden_size=128, intermediate_size=192, num_hidden_layers=6, num_attention_heads=2),
-    "medium": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=6, num_attention_heads=4),
-    "base": dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22, num_attention_heads=12),
-    "large": dict(hidden_size=1024, intermediate_size=2624, num_hidden_layers=28, num_attention_heads=16),
+    "small": dict(hidden_size=128, intermediate_size=192, num_hidden_layers=6,
+                  num_attention_heads=2),
+    "medium": dict(hidden_size=256, intermediate_size=384, num_hidden_layers=6,
+                   num_attention_heads=4),
+    "base": dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+                 num_attention_heads=12),
+    "large": dict(hidden_size=1024, intermediate_size=2624, num_hidden_layers=28,
+                  num_attention_heads=16),
 }
 IGNORE = -100  # target value that carries no loss
 
 
-# ----------------------------------------------------------------------------------------
-# 2. The phases: one entry per row of the objectives table (docs/model.md). Everything that differs
-# between phases is read from here; cfg.phase only picks the entry.
+# -------------------------------------------------------------------------------------------------
+# 2. The phases: one entry per row of the objectives table (docs/model.md). Everything that
+# differs between phases is read from here; cfg.phase only picks the entry.
 @dataclass(frozen=True)
 class Phase:  # each field, and after "->" the function where it acts
-    causal: bool                       # causal attention (the detour) or bidirectional -> may_attend
-    targets: str                       # "next" token -> clm_batch | "masked" -> mlm_batch; loss -> LinearCrossEntropy
-    rate: str = ""                     # the constant holding the masking rate ("" = no masking) -> mlm_batch
+    causal: bool                       # causal attention (the detour) or bidirectional
+                                       # -> attention_window
+    targets: str                       # "next" token -> clm_batch | "masked" -> mlm_batch
     schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown -> lr_at
-    # continues -> start_point: start where a Phase-1 run ended: its weights (build_model) and AdamW moments (only the
-    # schedule restarts), its data stream at the first window it did not see, its configuration (main); budget
-    # decay_tokens or decay_ratio x the Phase-1 tokens (else max_tokens).
+    # continues -> resolve, start_point: start where a Phase-1 run ended: its weights and AdamW
+    # moments (only the schedule restarts), its data stream at the first window it did not see,
+    # its configuration; its budget is decay_tokens or decay_ratio x the Phase-1 tokens (else
+    # max_tokens), and its masking rate decay_mlm_rate (else mlm_rate) -> masking_rate.
     continues: bool = False
-    own: tuple = ()                    # the keys a continuing phase does not inherit from Phase 1 -> main
+    own: tuple = ()                    # the keys a continuing phase does not inherit from
+                                       # Phase 1 -> resolve
 
 
 PHASES = {
     "clm": Phase(causal=True, targets="next"),
-    "mlm": Phase(causal=False, targets="masked", rate="mlm_rate"),
-    "decay": Phase(causal=False, targets="masked", rate="decay_mlm_rate", schedule="1-sqrt", continues=True,
-                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress", "decay_tokens",
-                        "autoresume", "wandb_run_id")),
+    "mlm": Phase(causal=False, targets="masked"),
+    "decay": Phase(causal=False, targets="masked", schedule="1-sqrt", continues=True,
+                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress",
+                        "decay_tokens", "autoresume", "early_decay", "wandb_run_id")),
 }
 
 
-# ----------------------------------------------------------------------------------------
+def masking_rate(cfg):
+    """The share of positions a masked phase predicts: the decay's rate when it continues Phase 1
+    (paper: 15%), the baseline twin's otherwise (30%)."""
+    return cfg.decay_mlm_rate if PHASES[cfg.phase].continues else cfg.mlm_rate
+
+
+def predicted_fraction(cfg):
+    """Share of positions the phase predicts: every one for CLM, the masking rate for MLM/decay."""
+    if PHASES[cfg.phase].targets == "next":
+        return 1.0
+    return masking_rate(cfg)
+
+
+# -------------------------------------------------------------------------------------------------
 # 3. The model. Names mirror transformers' ModernBertForMaskedLM so state dicts are identical.
 @dataclass
 class Config:
@@ -150,24 +191,27 @@ class Config:
     mask_token_id: int = 50284
     unk_token_id: int = 50280
     layer_types: list = field(default=None)  # None = derived from global_attn_every_n_layers
-    hf_fields: dict = field(default_factory=dict)  # an HF source's other config.json fields: exported as they came
+    # an HF source's other config.json fields: exported as they came
+    hf_fields: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.layer_types is None:
             n = self.global_attn_every_n_layers
             self.layer_types = ["full_attention" if i % n == 0 else "sliding_attention"
                                 for i in range(self.num_hidden_layers)]
-        assert len(self.layer_types) == self.num_hidden_layers, "layer_types needs one entry per layer"
-        assert self.hidden_size % self.num_attention_heads == 0, "hidden_size must divide into heads"
+        assert len(self.layer_types) == self.num_hidden_layers, "layer_types needs one per layer"
+        assert self.hidden_size % self.num_attention_heads == 0, "hidden_size must split in heads"
 
     @property
     def special_ids(self):
-        return [self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id, self.unk_token_id]
+        return [self.pad_token_id, self.cls_token_id, self.sep_token_id, self.mask_token_id,
+                self.unk_token_id]
 
 
 def rope_cos_sin(theta, head_dim, T, device):
     """Rotate-half (NeoX) RoPE tables over the full head_dim, computed in fp32."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    dims = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (dims / head_dim))
     freqs = torch.outer(torch.arange(T, device=device, dtype=torch.float32), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -178,49 +222,76 @@ def apply_rope(x, cos, sin):
     return (x.float() * cos + torch.cat((-x2, x1), dim=-1).float() * sin).to(x.dtype)
 
 
-def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
-    """True where query qi of row b may attend to key kj (broadcasting integer tensors; keys outside [0, T) never):
-    the one predicate of every attention path. A local token sees |qi - kj| <= window (64 for a 128 window); causal,
+def attention_window(causal, window=None):
+    """What a query sees, as FlashAttention's (left, right) window: the keys up to `left`
+    positions before it and up to `right` after it, -1 for no bound. The one rule of every
+    attention path: may_attend's masks, block_sliding_attention's blocks, the varlen kernel and
+    the FLOP count take it from here. Causal (the detour): nothing after. A local layer's
+    `window` is half its span: a local token sees the 64 keys on each side of it, or (causal)
     itself and the 64 before it, as in the FlexBERT/Ettin training code (HF's decoder uses 63)."""
+    left = -1 if window is None else window
+    right = 0 if causal else left
+    return left, right
+
+
+def may_attend(b, qi, kj, T, causal, window=None, attention_mask=None, doc_ids=None):
+    """True where query qi of row b may attend to key kj (broadcasting integer tensors; keys
+    outside [0, T) never): attention_window's rule, packed documents apart, padding unseen."""
+    left, right = attention_window(causal, window)
     ok = (kj >= 0) & (kj < T)
-    if causal:
-        ok = ok & (kj <= qi)
-    if window is not None:
-        ok = ok & ((qi - kj).abs() <= window)
-    qc, kc = qi.clamp(0, T - 1), kj.clamp(0, T - 1)  # safe lookups; outside positions are masked above
-    if doc_ids is not None:                          # packed documents stay apart
+    if left >= 0:
+        ok = ok & (qi - kj <= left)
+    if right >= 0:
+        ok = ok & (kj - qi <= right)
+    qc = qi.clamp(0, T - 1)  # safe lookups; outside positions are masked above
+    kc = kj.clamp(0, T - 1)
+    if doc_ids is not None:  # packed documents stay apart
         ok = ok & (doc_ids[b, qc] == doc_ids[b, kc])
-    if attention_mask is not None:                   # padding keys are invisible
+    if attention_mask is not None:  # padding keys are invisible
         ok = ok & attention_mask[b, kc].bool()
-    return ok | (qi == kj)                           # every query sees itself: no empty row, no NaN
+    return ok | (qi == kj)  # every query sees itself: no empty row, no NaN
 
 
 def dense_mask(B, T, device, causal, window=None, attention_mask=None, doc_ids=None):
-    """Boolean (B, 1, T, T) may_attend mask: the global layers', and with `window` block_sliding_attention's."""
-    i, b = torch.arange(T, device=device), torch.arange(B, device=device).view(B, 1, 1)
-    return may_attend(b, i[:, None], i[None, :], T, causal, window, attention_mask, doc_ids).expand(B, T, T)[:, None]
+    """Boolean (B, 1, T, T) may_attend mask: the global layers' (with `window`, the local layers'
+    written densely: the O(T^2) reference of block_sliding_attention)."""
+    i = torch.arange(T, device=device)
+    b = torch.arange(B, device=device).view(B, 1, 1)
+    ok = may_attend(b, i[:, None], i[None, :], T, causal, window, attention_mask, doc_ids)
+    return ok.expand(B, T, T)[:, None]
+
+
+def key_blocks(causal, window):
+    """Key blocks of `window` tokens a query block needs: the one before and its own, and the one
+    after when the window reaches forward (bidirectional)."""
+    right = attention_window(causal, window)[1]
+    return 2 + int(right > 0)
 
 
 def block_sliding_mask(B, T, device, causal, window, attention_mask=None, doc_ids=None):
-    """The exact mask of block_sliding_attention: (B * blocks, 1, window, 2|3 window)."""
-    n, nb = -(-T // window), 2 if causal else 3
+    """The exact mask of block_sliding_attention: (B * blocks, 1, window, key blocks x window)."""
+    n = -(-T // window)
+    keys = key_blocks(causal, window) * window
     qi = torch.arange(n * window, device=device).view(n, window, 1)
-    kj = (torch.arange(n, device=device).view(n, 1, 1) - 1) * window + torch.arange(nb * window, device=device)
+    first_key = (torch.arange(n, device=device).view(n, 1, 1) - 1) * window
+    kj = first_key + torch.arange(keys, device=device)
     b = torch.arange(B, device=device).view(B, 1, 1, 1)
     ok = may_attend(b, qi, kj, T, causal, window, attention_mask, doc_ids)
-    return ok.expand(B, n, window, nb * window).reshape(B * n, 1, window, nb * window)
+    return ok.expand(B, n, window, keys).reshape(B * n, 1, window, keys)
 
 
 def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
-    """Sliding-window attention in O(T x window), not O(T^2), on (B, H, T, D): query block b attends to the keys of
-    blocks b-1, b, b+1 (b-1, b when causal), which hold every key within `window` of its queries; block_sliding_mask
-    keeps exactly those, so it equals dense attention under the window mask, in one SDPA call over the blocks."""
+    """Sliding-window attention in O(T x window), not O(T^2), on (B, H, T, D): query block b
+    attends to the keys of blocks b-1, b, b+1 (b-1, b when causal), which hold every key within
+    `window` of its queries; block_sliding_mask keeps exactly those, so it equals dense attention
+    under the window mask, in one SDPA call over the blocks."""
     B, H, T, D = q.shape
-    n, nb = -(-T // window), 2 if causal else 3
+    n = -(-T // window)
+    nb = key_blocks(causal, window)
     pad = n * window - T
     qb = F.pad(q, (0, 0, 0, pad)).unflatten(2, (n, window)).transpose(1, 2).flatten(0, 1)
 
-    def keys(x):  # one zero block before, overlapping windows of nb blocks: (B * n, H, nb * window, D)
+    def keys(x):  # one zero block before, windows of nb blocks: (B * n, H, nb * window, D)
         x = F.pad(x, (0, 0, window, pad + (nb - 2) * window)).unfold(2, nb * window, window)
         return x.permute(0, 2, 1, 4, 3).flatten(0, 1)  # unfold is a view; this makes the one copy
 
@@ -228,52 +299,33 @@ def block_sliding_attention(q, k, v, mask, window, causal, dropout=0.0):
     return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]
 
 
-def document_spans(key):
-    """The varlen kernel's sequences in (B, T) rows -> (int32 cu_seqlens into the B x T tokens, longest): a span
-    starts at each row start (a row end cuts a document) and where `key` (the document id) changes."""
-    start = torch.cat([torch.ones_like(key[:, :1], dtype=torch.bool), key[:, 1:] != key[:, :-1]], 1)
-    cu = torch.cat([start.view(-1).nonzero().view(-1), torch.tensor([key.numel()])]).int()
-    return cu, int(cu.diff().max())
-
-
-def varlen_attention(q, k, v, spans, window, causal):
-    """Attention within each span by FlashAttention's variable-length kernel on (B, H, T, D): no pair across documents
-    nor (causal) above the diagonal is computed; window_size (left, right) is may_attend's |qi - kj| <= window."""
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: attention_backend checks
-    B, H, T, D = q.shape
-    (cu, longest), left = spans, -1 if window is None else window
-    flat = [x.transpose(1, 2).reshape(B * T, H, D) for x in (q, k, v)]
-    y = varlen_attn(*flat, cu, cu, longest, longest, window_size=(left, 0 if causal else left))
-    return y.view(B, T, H, D).transpose(1, 2)
-
-
-def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0,
-                  spans=None):
-    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per forward and
-    shared by the layers of a kind. backend: sdpa (local layers by block_sliding_attention), varlen (CUDA, on
-    `spans`), dense_window (local layers under the dense T x T window mask: the benchmark's O(T^2) reference)."""
-    half, masks = config.local_attention // 2, (attention_mask, doc_ids)
+def attention_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None,
+                  backend="sdpa", dropout=0.0, spans=None):
+    """{layer kind: attend(q, k, v) -> y} on (B, H, T, head_dim) tensors, the masks built once per
+    forward and shared by the layers of a kind. backend: sdpa (the local layers by
+    block_sliding_attention) or varlen (CUDA, on `spans`: section 7's GPU path)."""
+    half = config.local_attention // 2
     if backend == "varlen":
-        return {kind: functools.partial(varlen_attention, spans=spans, window=w, causal=causal)
-                for kind, w in (("full_attention", None), ("sliding_attention", half))}
+        attend = functools.partial(varlen_attention, spans=spans, causal=causal)
+        return {"full_attention": functools.partial(attend, window=None),
+                "sliding_attention": functools.partial(attend, window=half)}
     full_mask = None  # without padding or documents: SDPA's own causal flag, no T x T tensor
     if attention_mask is not None or doc_ids is not None:
-        full_mask = dense_mask(B, T, device, causal, None, *masks)
-    if backend == "dense_window":
-        window_mask = dense_mask(B, T, device, causal, half, *masks)
-        local = functools.partial(F.scaled_dot_product_attention, attn_mask=window_mask, dropout_p=dropout)
-    else:
-        local = functools.partial(block_sliding_attention, mask=block_sliding_mask(B, T, device, causal, half, *masks),
-                                  window=half, causal=causal, dropout=dropout)
-    return {"full_attention": functools.partial(F.scaled_dot_product_attention, attn_mask=full_mask, dropout_p=dropout,
-                                                is_causal=causal and full_mask is None),
-            "sliding_attention": local}
+        full_mask = dense_mask(B, T, device, causal, None, attention_mask, doc_ids)
+    local_mask = block_sliding_mask(B, T, device, causal, half, attention_mask, doc_ids)
+    nothing_after = attention_window(causal)[1] == 0
+    full = functools.partial(F.scaled_dot_product_attention, attn_mask=full_mask,
+                             dropout_p=dropout, is_causal=nothing_after and full_mask is None)
+    local = functools.partial(block_sliding_attention, mask=local_mask, window=half,
+                              causal=causal, dropout=dropout)
+    return {"full_attention": full, "sliding_attention": local}
 
 
 class Embeddings(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                           padding_idx=config.pad_token_id)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
         self.drop = nn.Dropout(config.embedding_dropout)
 
@@ -284,14 +336,17 @@ class Embeddings(nn.Module):
 class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.n_head, self.head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
-        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)  # rows [Q; K; V]
+        self.n_head = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        # rows [Q; K; V]
+        self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.out_drop = nn.Dropout(config.attention_dropout)
 
-    def forward(self, x, rope, attend):  # attend(q, k, v): this layer kind's attention, from attention_fns
+    def forward(self, x, rope, attend):  # attend(q, k, v): this layer kind's, from attention_fns
         B, T, _ = x.shape
-        q, k, v = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.Wqkv(x).view(B, T, 3, self.n_head, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
         y = attend(apply_rope(q, *rope), apply_rope(k, *rope), v)
         return self.out_drop(self.Wo(y.transpose(1, 2).reshape(B, T, -1)))
 
@@ -336,14 +391,20 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=False)
         self.attn_backend = attn_backend  # see attention_fns; may be changed at any time
 
-    def forward(self, idx, attention_mask=None, causal=False, doc_ids=None, output_hidden_states=False, spans=None):
-        """idx (B, T) -> final hidden states (B, T, d); output_hidden_states: also the embedding and layer outputs."""
-        config, (B, T) = self.config, idx.shape
+    def forward(self, idx, attention_mask=None, causal=False, doc_ids=None,
+                output_hidden_states=False, spans=None):
+        """idx (B, T) -> final hidden states (B, T, d); output_hidden_states: also the embedding
+        and layer outputs."""
+        config = self.config
+        B, T = idx.shape
         head_dim = config.hidden_size // config.num_attention_heads
-        attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids, self.attn_backend,
-                               config.attention_dropout if self.training else 0.0, spans)
-        ropes = {"full_attention": rope_cos_sin(config.global_rope_theta, head_dim, T, idx.device),
-                 "sliding_attention": rope_cos_sin(config.local_rope_theta, head_dim, T, idx.device)}
+        dropout = config.attention_dropout if self.training else 0.0
+        attend = attention_fns(config, B, T, idx.device, causal, attention_mask, doc_ids,
+                               self.attn_backend, dropout, spans)
+        thetas = {"full_attention": config.global_rope_theta,
+                  "sliding_attention": config.local_rope_theta}
+        ropes = {kind: rope_cos_sin(theta, head_dim, T, idx.device)
+                 for kind, theta in thetas.items()}
         x = self.embeddings(idx)
         hidden = [x]
         for layer, kind in zip(self.layers, config.layer_types):
@@ -365,9 +426,10 @@ class Head(nn.Module):
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all N x V of them:
-    chunk by chunk, the gradient (softmax - one-hot) becomes those of h, weight and bias in the forward pass, and
-    backward only scales them. Rows with target IGNORE (padding slots) count nothing: mean over `n`."""
+    """Mean cross-entropy of the decoder's logits (h @ weight.T + bias) without ever holding all
+    N x V of them: chunk by chunk, the gradient (softmax - one-hot) becomes those of h, weight and
+    bias in the forward pass, and backward only scales them. Rows with target IGNORE (padding
+    slots) count nothing: mean over `n`."""
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, n, chunk=1024):
@@ -376,26 +438,31 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.zeros_like(bias, dtype=torch.float32)
         loss = torch.zeros((), device=h.device)
         for s in range(0, h.size(0), chunk):
-            hc, t = h[s:s + chunk], targets[s:s + chunk]
-            real, t = (t != IGNORE).float()[:, None], t.clamp_min(0)  # x * 1.0 is x: no change to real rows
+            hc = h[s:s + chunk]
+            t = targets[s:s + chunk]
+            real = (t != IGNORE).float()[:, None]  # x * 1.0 is x: no change to real rows
+            t = t.clamp_min(0)
             logits = F.linear(hc, weight, bias).float()  # softmax in fp32, also under autocast
             lse = logits.logsumexp(-1)
             loss += ((lse - logits.gather(1, t[:, None]).squeeze(1)) * real[:, 0]).sum()
-            g = logits.sub_(lse[:, None]).exp_()          # softmax, in place of the logits
+            g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
             g[torch.arange(len(t), device=t.device), t] -= 1
             g *= real
             grad_h[s:s + chunk] = g @ weight
             grad_w += g.t() @ hc
             grad_b += g.sum(0)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.n, ctx.w_dtype = n, weight.dtype  # fp32 sums, returned in the weight's dtype
+        ctx.n = n
+        ctx.w_dtype = weight.dtype  # fp32 sums, returned in the weight's dtype
         return loss / ctx.n
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         scale = grad_loss / ctx.n
-        return grad_h * scale, (grad_w * scale).to(ctx.w_dtype), (grad_b * scale).to(ctx.w_dtype), None, None, None
+        grad_w = (grad_w * scale).to(ctx.w_dtype)
+        grad_b = (grad_b * scale).to(ctx.w_dtype)
+        return grad_h * scale, grad_w, grad_b, None, None, None
 
 
 class ModernBERT(nn.Module):
@@ -412,8 +479,9 @@ class ModernBERT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self):
-        """As upstream: truncated normal at 2 std, std 0.02, output projections (attn.Wo, mlp.Wo, head.dense) at
-        0.02 / sqrt(2 x layers); norms 1, decoder bias 0 (its weight is the embedding). Draws in module order."""
+        """As upstream: truncated normal at 2 std, std 0.02, output projections (attn.Wo, mlp.Wo,
+        head.dense) at 0.02 / sqrt(2 x layers); norms 1, decoder bias 0 (its weight is the
+        embedding). Draws in module order."""
         std = self.config.initializer_range
         std_out = std / math.sqrt(2.0 * self.config.num_hidden_layers)
 
@@ -432,28 +500,43 @@ class ModernBERT(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
 
-    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None, spans=None, capacity=None):
-        """-> (logits, loss). Without targets: dense logits (B, T, V). With targets (B, T; IGNORE = no loss): the
-        LinearCrossEntropy loss with the head only on the supervised positions (15-30% of tokens for MLM), or with
-        `capacity` (--compile) on that many slots, the supervised positions first: one shape, one compiled graph."""
-        h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids, spans=spans)
+    def forward(self, idx, targets=None, causal=False, attention_mask=None, doc_ids=None,
+                spans=None, capacity=None):
+        """-> (logits, loss). Without targets: dense logits (B, T, V). With targets (B, T; IGNORE =
+        no loss): the LinearCrossEntropy loss with the head only on the supervised positions
+        (15-30% of tokens for MLM), or with `capacity` (--compile) on that many slots, the
+        supervised positions first: one shape, one compiled graph."""
+        h = self.model(idx, attention_mask=attention_mask, causal=causal, doc_ids=doc_ids,
+                       spans=spans)
         if targets is None:
             return self.decoder(self.head(h)), None
-        keep, targets = targets.reshape(-1) != IGNORE, targets.reshape(-1)
-        slot = keep.nonzero() if capacity is None else torch.nonzero_static(keep, size=capacity, fill_value=-1)
-        slot, n = slot.view(-1), len(slot) if capacity is None else (slot >= 0).sum()
-        h, targets = h.reshape(-1, h.size(-1))[slot.clamp(0)], torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE)
-        return None, LinearCrossEntropy.apply(self.head(h), self.decoder.weight, self.decoder.bias, targets, n)
+        targets = targets.reshape(-1)
+        keep = targets != IGNORE
+        if capacity is None:  # eager: the head on exactly the supervised positions
+            slot = keep.nonzero().view(-1)
+            n = len(slot)
+        else:  # compiled: `capacity` slots, the supervised positions first, then -1
+            slot = torch.nonzero_static(keep, size=capacity, fill_value=-1).view(-1)
+            n = (slot >= 0).sum()
+        h = h.reshape(-1, h.size(-1))[slot.clamp(0)]
+        targets = torch.where(slot >= 0, targets[slot.clamp(0)], IGNORE)
+        loss = LinearCrossEntropy.apply(self.head(h), self.decoder.weight, self.decoder.bias,
+                                        targets, n)
+        return None, loss
 
     @torch.no_grad()
     def score(self, idx, targets, causal=False, doc_ids=None, spans=None, chunk=1024):
-        """(mean loss, share of argmax hits) on the supervised positions, never N x V logits at once."""
+        """(mean loss, share of argmax hits) on the supervised positions, never N x V logits at
+        once."""
         h = self.model(idx, causal=causal, doc_ids=doc_ids, spans=spans)
         keep = targets.reshape(-1) != IGNORE
-        h, targets = self.head(h.reshape(-1, h.size(-1))[keep]), targets.reshape(-1)[keep]
-        loss, hits = torch.zeros((), device=h.device), torch.zeros((), dtype=torch.long, device=h.device)
+        h = self.head(h.reshape(-1, h.size(-1))[keep])
+        targets = targets.reshape(-1)[keep]
+        loss = torch.zeros((), device=h.device)
+        hits = torch.zeros((), dtype=torch.long, device=h.device)
         for s in range(0, len(targets), chunk):
-            logits, t = self.decoder(h[s:s + chunk]).float(), targets[s:s + chunk]
+            logits = self.decoder(h[s:s + chunk]).float()
+            t = targets[s:s + chunk]
             loss += F.cross_entropy(logits, t, reduction="sum")
             hits += (logits.argmax(-1) == t).sum()
         return loss / len(targets), hits / len(targets)
@@ -462,41 +545,50 @@ class ModernBERT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-# ----------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # 4. Objectives and data windows. A packed token stream ([CLS] doc [SEP] [CLS] doc [SEP] ...) is
 # cut into windows. The order is a pure function of (data_seed, sample index): the CLM and MLM
 # twins see the same windows in the same order, a resumed run continues exactly, and 1 or N ranks
 # with the same global batch see the same rows.
 def document_ids(idx, sep_token_id):
-    """Document index of every token in a packed stream: the [SEP]s strictly before it ([SEP] closes a document)."""
+    """Document index of every token in a packed stream: the [SEP]s strictly before it ([SEP]
+    closes a document)."""
     is_sep = (idx == sep_token_id).int()
     return torch.cumsum(is_sep, dim=1) - is_sep
 
 
 def load_data(data_dir, split):
-    meta_path, bin_path = os.path.join(data_dir, "meta.json"), os.path.join(data_dir, f"{split}.bin")
-    if missing := [p for p in (meta_path, bin_path) if not os.path.exists(p)]:  # the command that builds data_dir
-        fail(f"{missing[0]} not found; run `python data/prepare.py --input FILES --out_dir {data_dir}` (without "
-             "--input: a generated corpus), or set --data_dir")
+    meta_path = os.path.join(data_dir, "meta.json")
+    bin_path = os.path.join(data_dir, f"{split}.bin")
+    # the command that builds data_dir
+    if missing := [p for p in (meta_path, bin_path) if not os.path.exists(p)]:
+        fail(f"{missing[0]} not found; run `python data/prepare.py --input FILES --out_dir "
+             f"{data_dir}` (without --input: a generated corpus), or set --data_dir")
     fix = "re-run data/prepare.py"
-    meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id", "sep_token_id",
-                                 "mask_token_id", "unk_token_id"), fix)
-    if meta["dtype"] not in ("uint16", "uint32") or os.path.getsize(bin_path) % np.dtype(meta["dtype"]).itemsize:
+    meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id",
+                                 "sep_token_id", "mask_token_id", "unk_token_id"), fix)
+    size = os.path.getsize(bin_path)
+    if meta["dtype"] not in ("uint16", "uint32") or size % np.dtype(meta["dtype"]).itemsize:
         fail(f"{bin_path} does not hold {meta['dtype']} token ids as {meta_path} says; {fix}")
-    if os.path.getsize(bin_path) == 0:
+    if size == 0:
         fail(f"{bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
     return meta, np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
 
 
 class Windows:
-    """Non-overlapping windows of seq_len + 1 tokens (+1: the last CLM target), in a fresh permutation every epoch."""
+    """Non-overlapping windows of seq_len + 1 tokens (+1: the last CLM target), in a fresh
+    permutation every epoch."""
 
     def __init__(self, data, seq_len, data_seed):
-        self.data, self.T, self.seed = data, seq_len, data_seed
+        self.data = data
+        self.T = seq_len
+        self.seed = data_seed
         self.n = (len(data) - 1) // seq_len
         if self.n < 1:
-            fail(f"{len(data)} tokens cannot fill one window of seq_len={seq_len}; prepare more data or lower --seq_len")
-        self._epoch, self._perm = None, None
+            fail(f"{len(data)} tokens cannot fill one window of seq_len={seq_len}; prepare more "
+                 "data or lower --seq_len")
+        self._epoch = None  # the epoch whose permutation _perm holds
+        self._perm = None
 
     def rows(self, first_sample, count):
         out = np.empty((count, self.T + 1), dtype=np.int64)
@@ -504,7 +596,8 @@ class Windows:
             epoch, pos = divmod(first_sample + r, self.n)
             if epoch != self._epoch:
                 g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-                self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g).numpy()
+                self._perm = torch.randperm(self.n, generator=g).numpy()
+                self._epoch = epoch
             start = int(self._perm[pos]) * self.T
             out[r] = self.data[start:start + self.T + 1]
         return torch.from_numpy(out)
@@ -512,19 +605,22 @@ class Windows:
 
 def clm_batch(buf, sep_id):
     """Causal LM: the next token at every position but a [SEP] (the next document is unrelated)."""
-    x, y = buf[:, :-1], buf[:, 1:].clone()
+    x = buf[:, :-1]
+    y = buf[:, 1:].clone()
     y[x == sep_id] = IGNORE
     return x, y
 
 
 def mlm_batch(buf, rate, gen, config, n_real_vocab):
-    """Masked LM: `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept), loss only there. Unlike
-    FlexBERT, special tokens are never chosen nor random replacements, and every document gets a prediction."""
+    """Masked LM: `rate` of the non-special tokens (80% [MASK], 10% random, 10% kept), loss only
+    there. Unlike FlexBERT, special tokens are never chosen nor random replacements, and every
+    document gets a prediction."""
     x = buf[:, :-1]
     special = functools.reduce(torch.logical_or, [x == i for i in config.special_ids])
     score = torch.rand(x.shape, generator=gen).masked_fill_(special, 2.0)
     chosen = score < rate
-    key = (torch.arange(x.size(0))[:, None] * x.size(1) + document_ids(x, config.sep_token_id)).reshape(-1)
+    doc = document_ids(x, config.sep_token_id)
+    key = (torch.arange(x.size(0))[:, None] * x.size(1) + doc).reshape(-1)
     doc_min = torch.full((x.numel(),), 2.0).scatter_reduce(0, key, score.reshape(-1), "amin")
     chosen |= (score == doc_min[key].view_as(score)) & ~special
     y = torch.where(chosen, x, IGNORE)
@@ -538,48 +634,55 @@ def mlm_batch(buf, rate, gen, config, n_real_vocab):
     return x, y
 
 
-def predicted_fraction(cfg):
-    """Share of positions the phase predicts: every one for CLM, the masking rate for MLM/decay."""
-    rate = PHASES[cfg.phase].rate
-    return getattr(cfg, rate) if rate else 1.0
-
-
 def make_batch(cfg, buf, config, n_real_vocab, sample):
-    """(inputs, targets, causal) for the run's phase; masks depend only on (seed, sample)."""
-    phase = PHASES[cfg.phase]
-    if phase.targets == "next":
-        x, y = clm_batch(buf, config.sep_token_id)
-    else:
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
-        x, y = mlm_batch(buf, predicted_fraction(cfg), gen, config, n_real_vocab)
-    return x, y, phase.causal
+    """(inputs, targets) for the run's phase; masks depend only on (seed, sample)."""
+    if PHASES[cfg.phase].targets == "next":
+        return clm_batch(buf, config.sep_token_id)
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
+    return mlm_batch(buf, masking_rate(cfg), gen, config, n_real_vocab)
 
 
 def unigram_log_probs(counts, vocab_size):
-    """log p(token) of the train stream's add-one smoothed unigram: the baseline every loss is read against."""
+    """log p(token) of the train stream's add-one smoothed unigram: the baseline every loss is
+    read against."""
     padded = np.zeros(vocab_size)
     padded[:len(counts)] = counts[:vocab_size]
     smoothed = torch.from_numpy(padded) + 1
     return (smoothed / smoothed.sum()).log().float()
 
 
-# ----------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 # 5. Optimizer and schedule
 def torch_weight_decay(cfg):
-    """The paper's *fully decoupled* weight decay for torch's AdamW: FlexBERT applies p *= 1 - (lr_t / peak_lr) * wd,
-    torch p *= 1 - lr_t * wd_torch, so wd_torch = wd / peak_lr (1e-5 / 2e-4 = 0.05)."""
+    """The paper's *fully decoupled* weight decay for torch's AdamW: FlexBERT applies
+    p *= 1 - (lr_t / peak_lr) * wd, torch p *= 1 - lr_t * wd_torch, so wd_torch = wd / peak_lr
+    (1e-5 / 2e-4 = 0.05)."""
     return cfg.weight_decay / cfg.learning_rate
 
 
 def make_optimizer(model, cfg, fused=False):
-    """AdamW, biases and norms not decayed. Frozen parameters are in the groups too (no grad: AdamW skips them), so
-    the groups stay the same across phases and a decay can load the state of a run with other frozen layers."""
-    decay, no_decay = [], []
+    """AdamW, biases and norms not decayed. Frozen parameters are in the groups too (no grad:
+    AdamW skips them), so the groups stay the same across phases and a decay can load the state of
+    a run with other frozen layers."""
+    decay = []
+    no_decay = []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": torch_weight_decay(cfg)}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                             fused=fused or None)
+    groups = [{"params": decay, "weight_decay": torch_weight_decay(cfg)},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, fused=fused or None)
+
+
+def set_hyperparameters(optimizer, cfg):
+    """This run's AdamW settings on both groups (decayed, not decayed). Loading a checkpoint's
+    state brings back the checkpoint's settings with its moments: a decay or a resume keeps the
+    moments and runs with what its configuration, and so its record, says."""
+    for group, decayed in zip(optimizer.param_groups, (True, False)):
+        group["lr"] = cfg.learning_rate  # the schedule sets each step's (lr_at)
+        group["betas"] = (cfg.beta1, cfg.beta2)
+        group["eps"] = cfg.eps
+        group["weight_decay"] = torch_weight_decay(cfg) if decayed else 0.0
 
 
 def lr_at(cfg, tokens, total, step_tokens=0):
@@ -594,148 +697,199 @@ def lr_at(cfg, tokens, total, step_tokens=0):
     return peak * min(1.0, (tokens + step_tokens) / max(cfg.warmup_tokens, 1))
 
 
-# ----------------------------------------------------------------------------------------
-# 6. Training: setup() gathers the run's state, train() is the loop.
+# -------------------------------------------------------------------------------------------------
+# 6. Training: setup() builds the Run, train() is the loop.
+@dataclass(frozen=True)
+class Run:
+    """What setup() builds for one phase; the loop's own state (step, tokens, the last loss) is in
+    train()'s locals."""
+    phase: Phase                 # the phase's row of PHASES: causal or not, targets, schedule
+    rank: int                    # this process under torchrun (0 alone)
+    world: int                   # the number of processes
+    master: bool                 # rank 0: writes the files and prints
+    device: torch.device
+    config: Config               # the model's shape and special token ids
+    raw_model: ModernBERT        # the model itself: evaluated, checkpointed, exported
+    model: nn.Module             # what trains: raw_model, wrapped by DDP and torch.compile if on
+    optimizer: torch.optim.Optimizer
+    amp: object                  # bf16 autocast, or a null context in fp32
+    frozen: list                 # the layers that do not train (--freeze_layers)
+    n_real_vocab: int            # the tokenizer's vocabulary (the model's may be padded)
+    windows: "Windows"           # the training windows
+    val: "Windows"               # the validation windows
+    unigram_logp: torch.Tensor   # log p of the train stream's unigram: every loss's baseline
+    tokenizer: Optional[str]     # the data's tokenizer.json, exported with the model (or None)
+    peak_flops: Optional[float]  # the device's bf16 peak, for MFU (None: CPU, unknown GPU)
+    accum: int                   # micro-batches per rank per optimizer step
+    tokens_per_step: int         # tokens per optimizer step over all ranks
+    start_step: int              # the step the run starts at (a resumed run's)
+    start_tokens: int            # the phase's tokens before start_step
+    sample0: int                 # windows drawn before this phase (a decay's: Phase 1's)
+    phase1_tokens: int           # Phase 1's tokens (a decay's budget follows from them)
+    budget: int                  # the phase's tokens
+    total_steps: int             # the phase's optimizer steps
+    stop: "StopRequest"          # SIGTERM/SIGINT, recorded for the loop to act on
+    log: object = None           # rank 0: log.jsonl, open for appending (open_outputs)
+    wandb: object = None         # rank 0 with --wandb_log: the W&B run
+
+
 @torch.no_grad()
 def evaluate(model, cfg, run):
-    """The phase's loss, argmax accuracy and the train unigram's loss on fixed validation windows (masks seeded by
-    the window index; a micro-batch per rank at least), averaged over ranks, by the raw (eager) model."""
+    """The phase's loss, argmax accuracy and the train unigram's loss on fixed validation windows
+    (masks seeded by the window index; a micro-batch per rank at least), averaged over ranks, by
+    the raw (eager) model."""
     model.eval()
-    n, T = max(1, min(run.val.n, max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size))), cfg.seq_len
+    windows = max(cfg.eval_tokens // cfg.seq_len, run.world * cfg.batch_size)
+    n = max(1, min(run.val.n, windows))
+    T = cfg.seq_len
     total = torch.zeros(4)  # sums of loss x k, acc x k, unigram x k, k (k = windows in the batch)
     for first in range(run.rank * cfg.batch_size, n, run.world * cfg.batch_size):
         k = min(cfg.batch_size, n - first)
-        buf = torch.from_numpy(np.stack([run.val.data[i * T:(i + 1) * T + 1].astype(np.int64)
-                                         for i in range(first, first + k)]))
-        b = prepare(cfg, run, buf, 10**9 + first)
+        rows = [run.val.data[i * T:(i + 1) * T + 1].astype(np.int64)
+                for i in range(first, first + k)]
+        batch = prepare(cfg, run, torch.from_numpy(np.stack(rows)), 10**9 + first)
         with run.amp:
-            loss, acc = model.score(b.x, b.y_dev, causal=b.causal, doc_ids=b.doc_ids, spans=b.spans)
-        total += torch.tensor([loss.item() * k, acc.item() * k, -run.unigram_logp[b.y[b.y != IGNORE]].mean().item() * k, k])
+            loss, acc = model.score(batch.x, batch.y_dev, causal=run.phase.causal,
+                                    doc_ids=batch.doc_ids, spans=batch.spans)
+        unigram = -run.unigram_logp[batch.y[batch.y != IGNORE]].mean()
+        total += torch.tensor([loss.item() * k, acc.item() * k, unigram.item() * k, k])
     if run.world > 1:
         dist.all_reduce(total)
     model.train()
     return dict(zip(("loss", "acc", "unigram"), (total[:3] / total[3]).tolist()))
 
 
-def setup(cfg):
-    """The run's state in one namespace: model (raw_model; model, wrapped), optimizer, windows, start_point, ranks."""
+def setup(cfg, ckpt):
+    """The Run of a resolved configuration and the checkpoint it starts from (None: scratch, HF):
+    the model (frozen layers, backend, DDP, compile), AdamW, the windows, where it starts."""
     rank, world, device = setup_distributed(cfg)
     torch.manual_seed(cfg.seed)
     meta, train_data = load_data(cfg.data_dir, "train")
     _, val_data = load_data(cfg.data_dir, "val")
-    raw_model, ckpt = build_model(cfg, meta)
+    raw_model = build_model(cfg, meta, ckpt)
     config = raw_model.config
     counts = train_counts(cfg.data_dir, meta, train_data)  # the vocabulary check and the unigram
     if len(counts) > min(config.vocab_size, meta["vocab_size"]):
         fail(f"token id {len(counts) - 1} in {cfg.data_dir}/train.bin is outside the vocabulary "
-             f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run prepare.py")
+             f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run "
+             "prepare.py")
     frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
     for i in frozen:  # the paper's freeze interventions: these layers keep their weights
         raw_model.model.layers[i].requires_grad_(False)
     raw_model.to(device)
     use_bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda")
-    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16, config.attention_dropout, rank == 0)
+    raw_model.model.attn_backend = attention_backend(cfg.attn_backend, device, use_bf16,
+                                                     config.attention_dropout, rank == 0)
     optimizer = make_optimizer(raw_model, cfg, fused=device.type == "cuda")
     start = start_point(cfg, ckpt, optimizer)
     if cfg.global_batch_size % (cfg.batch_size * world):
-        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size x ranks = "
-             f"{cfg.batch_size * world}; change --global_batch_size or --batch_size")
-    tokens_per_step = cfg.global_batch_size * cfg.seq_len
-    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else raw_model
-    model = torch.compile(model) if cfg.compile else model  # DDP first, then compile (as PyTorch documents)
+        fail(f"global_batch_size {cfg.global_batch_size} is not a multiple of batch_size x ranks "
+             f"= {cfg.batch_size * world}; change --global_batch_size or --batch_size")
+    model = raw_model
+    if world > 1:
+        model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:  # DDP first, then compile (as PyTorch documents)
+        model = torch.compile(model)
     tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
     tokenizer = tokenizer if os.path.exists(tokenizer) else None
     if tokenizer:  # read now, not when the export needs it at the end of the run
         hf_tokenizer_files(config, tokenizer)
-    run = SimpleNamespace(
-        **start, rank=rank, world=world, master=rank == 0, device=device, model=model, raw_model=raw_model,
-        optimizer=optimizer, config=config, frozen=frozen, n_real_vocab=meta["vocab_size"],
-        amp=torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext(),
-        accum=cfg.global_batch_size // (cfg.batch_size * world), tokens_per_step=tokens_per_step,
-        windows=Windows(train_data, cfg.seq_len, cfg.data_seed), val=Windows(val_data, cfg.seq_len, cfg.data_seed),
-        unigram_logp=unigram_log_probs(counts, config.vocab_size), peak_flops=device_peak_flops(device),
-        tokenizer=tokenizer, signal=None, loss=torch.zeros(1), wandb=None)
-    for sig in (signal.SIGTERM, signal.SIGINT):  # cluster preemption / Ctrl-C: checkpoint, then exit
-        signal.signal(sig, lambda s, _: setattr(run, "signal", s))
-    run.log = open_outputs(cfg, run)
-    return run
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    run = Run(
+        **start, phase=PHASES[cfg.phase], rank=rank, world=world, master=rank == 0,
+        device=device, config=config, raw_model=raw_model, model=model, optimizer=optimizer,
+        amp=amp, frozen=frozen, n_real_vocab=meta["vocab_size"],
+        windows=Windows(train_data, cfg.seq_len, cfg.data_seed),
+        val=Windows(val_data, cfg.seq_len, cfg.data_seed),
+        unigram_logp=unigram_log_probs(counts, config.vocab_size), tokenizer=tokenizer,
+        peak_flops=device_peak_flops(device),
+        accum=cfg.global_batch_size // (cfg.batch_size * world),
+        tokens_per_step=cfg.global_batch_size * cfg.seq_len, stop=StopRequest(world))
+    return replace(run, **open_outputs(cfg, run))
 
 
-def train(cfg):
+def train(cfg, ckpt=None):
     """Train one phase: an optimizer step per iteration until the phase's token budget is spent."""
-    run = setup(cfg)
-    model, optimizer, step, tokens = run.model, run.optimizer, run.step, run.tokens
-    bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress), dynamic_ncols=True)
+    run = setup(cfg, ckpt)
+    model = run.model
+    optimizer = run.optimizer
+    step = run.start_step
+    tokens = run.start_tokens
+    bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress),
+               dynamic_ncols=True)
     model.train()
-    t0, tok0, flops, batches = time.time(), tokens, 0.0, micro_batches(cfg, run, step)
+    clock = Throughput(tokens)
+    batches = micro_batches(cfg, run, step)
     while step < run.total_steps:
         # the schedule's learning rate for this step
         lr = lr_at(cfg, tokens, run.budget, run.tokens_per_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
         # forward and backward of this rank's micro-batches; DDP syncs gradients on the last one
-        loss_sum = torch.zeros(1, device=run.device)
+        loss = torch.zeros(1, device=run.device)
         for micro in range(run.accum):
-            b = next(batches)
-            with nullcontext() if run.world == 1 or micro == run.accum - 1 else model.no_sync():
+            batch = next(batches)
+            sync = run.world == 1 or micro == run.accum - 1
+            with nullcontext() if sync else model.no_sync():
                 with run.amp:
-                    loss = model(b.x, b.y_dev, b.causal, doc_ids=b.doc_ids, spans=b.spans, capacity=b.capacity)[1]
-                (loss / run.accum).backward()
-            loss_sum += loss.detach().float() / run.accum
-            flops += b.flops
-        # the loss averaged over ranks, kept on the device (no host sync per step): check_finite reads it
+                    micro_loss = model(batch.x, batch.y_dev, run.phase.causal,
+                                       doc_ids=batch.doc_ids, spans=batch.spans,
+                                       capacity=batch.capacity)[1]
+                (micro_loss / run.accum).backward()
+            loss += micro_loss.detach().float() / run.accum
+            clock.flops += batch.flops
+        # the loss averaged over ranks, kept on the device (no host sync per step)
         if run.world > 1:
-            dist.all_reduce(loss_sum)
-            loss_sum /= run.world
-        run.loss = loss_sum
+            dist.all_reduce(loss)
+            loss /= run.world
         # the optimizer step
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step, tokens = step + 1, tokens + run.tokens_per_step
+        step += 1
+        tokens += run.tokens_per_step
         bar.update(1)
         last_step = step == run.total_steps
-        # every log_interval steps: training loss, lr, speed and MFU (FLOPs on allowed pairs / bf16 peak)
+        # every log_interval steps: training loss, lr, speed and MFU
         record = None
         if step % cfg.log_interval == 0 or last_step:
-            record = dict(step=step, tokens=tokens, loss=round(check_finite(cfg, run, step), 5), lr=lr,
-                          tok_per_s=round((tokens - tok0) / max(time.time() - t0, 1e-9)))
-            if run.peak_flops:
-                record["mfu"] = round(flops / max(time.time() - t0, 1e-9) / run.peak_flops, 4)
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}", tok_s=f"{record['tok_per_s']:,}")
+            record = dict(step=step, tokens=tokens, loss=round(check_finite(cfg, loss, step), 5),
+                          lr=lr, **clock.read(tokens, run.peak_flops))
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}",
+                            tok_s=f"{record['tok_per_s']:,}")
         # every eval_interval steps: the validation loss, next to the unigram's on the same targets
         if step % cfg.eval_interval == 0 or last_step:
-            ev = evaluate(run.raw_model, cfg, run)
             record = {**(record or dict(step=step, tokens=tokens, lr=lr)),
-                      **{f"val_{k}": round(v, 5) for k, v in ev.items()}}
-            if run.master:
-                bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram {ev['unigram']:.4f}), "
-                          f"accuracy {ev['acc']:.4f}")
-        if record and run.master:  # log.jsonl (flushed: a kill loses none) and, with --wandb_log, Weights & Biases
-            run.log.write(json.dumps(record) + "\n")
-            run.log.flush()
-            if run.wandb:
-                run.wandb.log(record, step=step)
-        # every ckpt_interval steps and at the end: a checkpoint; at the last step also the HF export
+                      **validate(cfg, run, step, bar)}
+        if record and run.master:
+            write_record(run, record)
+        # every ckpt_interval steps and at the end: a checkpoint; at the last step the HF export
         if step % cfg.ckpt_interval == 0 or last_step:
-            save_run(cfg, run, step, tokens)
+            save_run(cfg, run, step, tokens, loss)
         if last_step and run.master:
             save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
-            print(f"detour: done, {tokens:,} tokens; HF export in {os.path.join(cfg.out_dir, 'hf')}")
+            print(f"detour: done, {tokens:,} tokens; HF export in {cfg.out_dir}/hf")
         # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
-        if stop_requested(run):
-            save_run(cfg, run, step, tokens)
-            if run.master:
-                print(f"detour: stopped by signal {run.signal} at step {step}; checkpoint saved. "
-                      f"Continue with {'the same command' if cfg.autoresume else '--init_from resume --out_dir ' + cfg.out_dir}")
+        if run.stop.requested():
+            save_run(cfg, run, step, tokens, loss)
+            print_stopped(cfg, run, step)
             break
     bar.close()
     if run.world > 1:
         dist.destroy_process_group()
-    if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits on these
+    if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits
         print_samples(cfg, run)
     return run.raw_model
+
+
+def validate(cfg, run, step, bar):
+    """The validation fields of the step's record; rank 0 prints them beside the unigram's loss."""
+    ev = evaluate(run.raw_model, cfg, run)
+    if run.master:
+        bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram "
+                  f"{ev['unigram']:.4f}), accuracy {ev['acc']:.4f}")
+    return {f"val_{k}": round(v, 5) for k, v in ev.items()}
 
 
 @torch.no_grad()
@@ -756,42 +910,67 @@ def fill_masks(model, ids, positions, k=3):
 
 
 def print_samples(cfg, run, n=2, length=32):
-    """The end of a phase made visible on the first n validation documents: a greedy causal continuation after clm,
-    the top-3 fills of three masks after mlm and decay. fp32, sdpa, no random draws; ids without a tokenizer."""
-    tok = load_tokenizer(run.tokenizer) if run.tokenizer else None
-    piece = (lambda i: tok.decode([i])) if tok else (lambda i: f" {i}")
-    model, backend = run.raw_model.eval(), run.raw_model.model.attn_backend
+    """The end of a phase made visible on the first n validation documents: a greedy causal
+    continuation after clm, the top-3 fills of three masks after mlm and decay. fp32, sdpa, no
+    random draws; ids without a tokenizer."""
+    tokenizer = load_tokenizer(run.tokenizer) if run.tokenizer else None
+
+    def piece(i):  # a token's text, or its id without a tokenizer
+        return tokenizer.decode([i]) if tokenizer else f" {i}"
+
+    model = run.raw_model.eval()
+    backend = model.model.attn_backend
     model.model.attn_backend = "sdpa"
     stream = np.asarray(run.val.data[:100_000]).astype(np.int64)
-    for ids in [d[:length].tolist() for d in np.split(stream, np.flatnonzero(stream == run.config.sep_token_id) + 1)
-                if len(d) >= 12][:n]:  # [CLS] document ([SEP])
-        if PHASES[cfg.phase].causal:
-            text = ["".join(map(piece, x)).strip() for x in (ids[1:9], generate(model, ids[:9], 16))]
-            print(f"sample ({cfg.phase}, greedy): {text[0]!r} -> {text[1]!r}")
+    documents = np.split(stream, np.flatnonzero(stream == run.config.sep_token_id) + 1)
+    for ids in [d[:length].tolist() for d in documents if len(d) >= 12][:n]:  # [CLS] doc ([SEP])
+        if run.phase.causal:
+            prompt = "".join(map(piece, ids[1:9])).strip()
+            continuation = "".join(map(piece, generate(model, ids[:9], 16))).strip()
+            print(f"sample ({cfg.phase}, greedy): {prompt!r} -> {continuation!r}")
             continue
-        pos = [1 + (j + 1) * (len(ids) - 2) // 4 for j in range(3)]
+        positions = [1 + (j + 1) * (len(ids) - 2) // 4 for j in range(3)]
+        tops = fill_masks(model, ids, positions)
         fills = ", ".join(f"{'/'.join(piece(t).strip() for t in top)} ({piece(ids[p]).strip()})"
-                          for p, top in zip(pos, fill_masks(model, ids, pos)))
-        shown = "".join(("[MASK]", " [MASK]")[piece(i)[:1] == " "] if p in pos else piece(i) for p, i in enumerate(ids))
+                          for p, top in zip(positions, tops))
+        # a [MASK] keeps the space before the word it hides
+        shown = "".join(("[MASK]", " [MASK]")[piece(i)[:1] == " "] if p in positions else piece(i)
+                        for p, i in enumerate(ids))
         print(f"sample ({cfg.phase}): {shown.strip()}\n  top-3 fills (true token): {fills}")
     model.model.attn_backend = backend
     model.train()
 
 
-# ----------------------------------------------------------------------------------------
-# 7. Plumbing: errors and files, the Hugging Face format, FLOPs, distributed, the command line,
-# then checkpoints with every resume and inheritance rule, and main.
+# -------------------------------------------------------------------------------------------------
+# 7. Plumbing (not the method): errors and files, the Hugging Face format, FLOPs, the GPU path,
+# distributed, the command line, then checkpoints with every resume and inheritance rule, and main.
 def fail(message):
-    """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no traceback. Under torchrun every
-    rank meets the same bad input: rank 0 alone prints it; the others exit 1 quietly a second later, so that rank 0 has
-    printed before torchrun (which stops the other workers when one exits) stops it, and is named the root cause."""
+    """A user's mistake: `error: <what>; <how to fix it>` on one line, exit status 1, no
+    traceback. Under torchrun every rank meets the same bad input: rank 0 alone prints it; the
+    others exit 1 quietly a second later, so that rank 0 has printed before torchrun (which stops
+    the other workers when one exits) stops it, and is named the root cause."""
     rank = int(os.environ.get("RANK", "0"))
     time.sleep(1 if rank else 0)
     raise SystemExit(1 if rank else f"error: {message}")
 
 
+def os_reason(error):
+    """An OSError in a few words: 'Not a directory', 'Permission denied', 'No space left'."""
+    return error.strerror or type(error).__name__
+
+
+def make_dirs(path):
+    """os.makedirs, where a file in the way or a missing permission is one line naming the path."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot create the directory {path} ({os_reason(e)}); choose another path, or "
+             "make it writable")
+
+
 def atomic_write(path, write_fn):
-    """write_fn(a temp file opened "wb"), fsync, rename: never a half-written file, a crash keeps the previous one."""
+    """write_fn(a temp file opened "wb"), fsync, rename: never a half-written file, a crash keeps
+    the previous one. A filesystem error is one line naming the path."""
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -799,6 +978,9 @@ def atomic_write(path, write_fn):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        fail(f"cannot write {path} ({os_reason(e)}); free space, make its directory writable, "
+             "or choose another path")
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -817,9 +999,9 @@ def read_json(path, keys=(), fix="re-create it"):
 
 
 def train_counts(data_dir, meta, train_data):
-    """How often each token id occurs in train.bin (up to the largest id): prepare.py counts the whole
-    stream while writing it, so start-up reads no tokens; data it prepared before it did are counted
-    from their first 50M tokens."""
+    """How often each token id occurs in train.bin (up to the largest id): prepare.py counts the
+    whole stream while writing it, so start-up reads no tokens; data it prepared before it did
+    are counted from their first 50M tokens."""
     if "train_counts" not in meta:
         return np.bincount(np.asarray(train_data[:50_000_000]))
     path = os.path.join(data_dir, meta["train_counts"])
@@ -833,14 +1015,72 @@ def load_tokenizer(path):
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # the tokenizers library raises its own exception types
-        fail(f"{path} is not a tokenizer.json the tokenizers library can load ({str(e).splitlines()[0][:80]}); "
-             "use the one data/prepare.py wrote")
+        fail(f"{path} is not a tokenizer.json the tokenizers library can load "
+             f"({str(e).splitlines()[0][:80]}); use the one data/prepare.py wrote")
 
 
-# The Hugging Face format (config.json, model.safetensors, tokenizer files) is data/hf_format.py's: a file format, with
-# no detour in it. Here: the model built from it and written into it, its errors as one line.
+# The Hugging Face format: model.safetensors (an 8-byte header length, a JSON header, raw
+# little-endian tensor bytes), the released models' config.json fields, and the tokenizer files
+# AutoTokenizer and pipeline("fill-mask") read. Written here, not imported: the saved copy of
+# this file runs alone.
+ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "F64": torch.float64, "I64": torch.int64, "I32": torch.int32}
+# ModernBERT's released config.json (answerdotai/ModernBERT-base, -large): the fields detour's
+# Config does not hold. An export carries them with these values (transformers' own default
+# pooling is "cls", the released models' "mean"), or with an HF source's.
+RELEASED = dict(hidden_activation="gelu", classifier_pooling="mean", classifier_dropout=0.0,
+                classifier_activation="gelu", classifier_bias=False, attention_bias=False,
+                mlp_bias=False, norm_bias=False, decoder_bias=True,
+                deterministic_flash_attn=False, gradient_checkpointing=False,
+                initializer_cutoff_factor=2.0, position_embedding_type="absolute",
+                reference_compile=True, sparse_prediction=False, sparse_pred_ignore_index=-100)
+# A source's fields that describe its file, not the model, or that the export derives.
+NOT_KEPT = ("architectures", "model_type", "rope_parameters", "transformers_version",
+            "torch_dtype", "dtype")
+
+
+def read_safetensors(path, fix="re-export or re-download it"):
+    """A .safetensors file -> {name: tensor}; a corrupt or truncated file is one line."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+    except (ValueError, UnicodeDecodeError):
+        fail(f"{path} is not a safetensors file (corrupt header); {fix}")
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = (8 + n + offset for offset in info["data_offsets"])
+        if end > len(raw) or info["dtype"] not in ST_DTYPES:
+            fail(f"{path} is truncated or corrupt at tensor {name!r}; {fix}")
+        tensor = torch.frombuffer(bytearray(raw[start:end]), dtype=ST_DTYPES[info["dtype"]])
+        tensors[name] = tensor.reshape(info["shape"])
+    return tensors
+
+
+def safetensors_chunks(tensors):
+    """{name: tensor} -> the file's byte strings in order (header, then each tensor's bytes)."""
+    names = {v: k for k, v in ST_DTYPES.items()}
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    blobs = []
+    for name, t in tensors.items():
+        b = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)  # align tensor data to 8 bytes
+    return [len(h).to_bytes(8, "little"), h, *blobs]
+
+
 def config_from_hf(d):
-    """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types, rope_parameters)."""
+    """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types,
+    rope_parameters). The source's other fields are kept, and exported as they came (its
+    classifier_pooling, id2label, ...)."""
     if d.get("model_type") != "modernbert":
         fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
              "detour loads ModernBERT checkpoints only")
@@ -849,42 +1089,57 @@ def config_from_hf(d):
             fail(f"config.json sets {bad}=true; detour's ModernBERT has no biases there")
     if d.get("hidden_activation", "gelu") != "gelu":
         fail("config.json hidden_activation is not 'gelu'; unsupported")
-    kw = {f.name: d[f.name] for f in fields(Config) if f.name in d and d[f.name] is not None}
-    kw["hf_fields"] = hf_format.source_fields(d, [f.name for f in fields(Config)])
-    for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+    own = [f.name for f in fields(Config)]
+    kw = {name: d[name] for name in own if name in d and d[name] is not None}
+    kw["hf_fields"] = {k: v for k, v in d.items()
+                       if k not in NOT_KEPT + tuple(own) and not k.startswith("_")}
+    for kind, key in (("full_attention", "global_rope_theta"),
+                      ("sliding_attention", "local_rope_theta")):
         if kind in (d.get("rope_parameters") or {}):
             kw[key] = d["rope_parameters"][kind].get("rope_theta", getattr(Config, key))
     return Config(**kw)
 
 
+def hf_config_json(config):
+    """config.json of a model: the released fields, under an HF source's kept ones, under the
+    model's own; rope_parameters carries both RoPE thetas in the newer form, the older keys
+    stay too."""
+    own = {k: v for k, v in asdict(config).items() if k != "hf_fields"}
+    rope = {kind: {"rope_type": "default", "rope_theta": own[key]} for kind, key in
+            (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta"))}
+    return {**RELEASED, **config.hf_fields, **own, "architectures": ["ModernBertForMaskedLM"],
+            "model_type": "modernbert", "tie_word_embeddings": True,
+            "bos_token_id": own["cls_token_id"], "eos_token_id": own["sep_token_id"],
+            "layer_norm_eps": own["norm_eps"], "rope_parameters": rope}
+
+
 def load_hf(directory):
     """An HF ModernBERT directory (config.json + model.safetensors) -> ModernBERT."""
-    cfg_path, st_path = os.path.join(directory, "config.json"), os.path.join(directory, "model.safetensors")
+    cfg_path = os.path.join(directory, "config.json")
+    st_path = os.path.join(directory, "model.safetensors")
     for p in (cfg_path, st_path):
         if not os.path.exists(p):
             fail(f"{p} not found; point at a directory with config.json and model.safetensors")
     model = ModernBERT(config_from_hf(read_json(cfg_path, fix="re-export or re-download it")))
-    try:
-        with open(st_path, "rb") as f:
-            sd = hf_format.decode_safetensors(f.read())
-    except ValueError as e:
-        fail(f"{st_path} {e}; re-export or re-download it")
-    sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied: omitted by HF
+    sd = read_safetensors(st_path)
+    sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
-        fail(f"{st_path} does not match a ModernBertForMaskedLM: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        fail(f"{st_path} does not match a ModernBertForMaskedLM: missing {missing[:3]}, "
+             f"unexpected {unexpected[:3]}")
     return model
 
 
 def save_hf(model, directory, tokenizer_path=None):
-    """config.json, model.safetensors (and the tokenizer's files) for AutoModelForMaskedLM and pipeline("fill-mask")."""
+    """config.json, model.safetensors (and the tokenizer's files) for AutoModelForMaskedLM and
+    pipeline("fill-mask")."""
     model = getattr(model, "_orig_mod", model)
-    os.makedirs(directory, exist_ok=True)
-    sd = {k: v.float() if v.is_floating_point() else v for k, v in model.state_dict().items() if k != "decoder.weight"}
-    chunks = hf_format.encode_safetensors(sd)
+    make_dirs(directory)
+    sd = {k: v.float() if v.is_floating_point() else v
+          for k, v in model.state_dict().items() if k != "decoder.weight"}
+    chunks = safetensors_chunks(sd)
     atomic_write(os.path.join(directory, "model.safetensors"), lambda f: [*map(f.write, chunks)])
-    fields = {k: v for k, v in asdict(model.config).items() if k != "hf_fields"}
-    files = {"config.json": json.dumps(hf_format.config_json(fields, model.config.hf_fields), indent=2)}
+    files = {"config.json": json.dumps(hf_config_json(model.config), indent=2)}
     if tokenizer_path:
         files.update(hf_tokenizer_files(model.config, tokenizer_path))
     for name, text in files.items():
@@ -892,90 +1147,193 @@ def save_hf(model, directory, tokenizer_path=None):
 
 
 def hf_tokenizer_files(config, tokenizer_path):
-    """{file name: text} of the data's tokenizer for AutoTokenizer and pipeline("fill-mask"); a bad file: one line."""
+    """{file name: text} of the data's tokenizer for AutoTokenizer and pipeline("fill-mask"):
+    [MASK] takes the space before it; [CLS] a [SEP] is added, as prepare.py stores documents,
+    unless the tokenizer has a post-processor of its own. A bad file is one line."""
     load_tokenizer(tokenizer_path)  # a file the tokenizers library cannot read is a one-line error
     d = read_json(tokenizer_path, ("added_tokens",), "use the tokenizer.json data/prepare.py wrote")
-    return hf_format.tokenizer_files(d, config)
+    names = {t["id"]: t for t in d["added_tokens"]}
+    special = {f"{k}_token": names[i]["content"] for k in ("cls", "sep", "pad", "mask", "unk")
+               if (i := getattr(config, f"{k}_token_id")) in names}
+    names.get(config.mask_token_id, {})["lstrip"] = True
+    tok = Tokenizer.from_str(json.dumps(d))
+    cls = special.get("cls_token")
+    sep = special.get("sep_token")
+    if tok.post_processor is None and cls and sep:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, config.cls_token_id), (sep, config.sep_token_id)])
+    hf_config = dict(tokenizer_class="PreTrainedTokenizerFast",
+                     model_max_length=config.max_position_embeddings,
+                     clean_up_tokenization_spaces=False, **special)
+    return {"tokenizer.json": tok.to_str(pretty=True),
+            "tokenizer_config.json": json.dumps(hf_config, indent=2),
+            "special_tokens_map.json": json.dumps(special, indent=2)}
 
 
 # Model FLOPs, for MFU
+def keys_within(n, reach):
+    """Keys within `reach` positions on one side of each query of an n-token document, summed
+    (reach -1: all of them)."""
+    return float(np.minimum(np.arange(n), n if reach < 0 else reach).sum())
+
+
 def attention_pairs(lengths, window=None, causal=False):
-    """The query-key pairs may_attend allows in documents of these lengths: query i sees itself, the
-    min(i, window) keys before it (all i without a window) and, unless causal, as many after it."""
-    before = sum(float(np.minimum(np.arange(n), n if window is None else window).sum()) for n in lengths)
-    return float(np.sum(lengths)) + before * (1 if causal else 2)
+    """The query-key pairs attention_window allows in documents of these lengths: each query sees
+    itself, up to `left` keys before it and up to `right` after it."""
+    left, right = attention_window(causal, window)
+    before = sum(keys_within(n, left) for n in lengths)
+    after = sum(keys_within(n, right) for n in lengths)
+    return float(np.sum(lengths)) + before + after
 
 
 def model_flops(config, lengths, causal=False, predicted=None):
-    """FLOPs of a training step (3 x forward, a multiply-add 2) on documents of these lengths. Per token and layer: Wqkv
-    3d^2, Wo d^2, Wi 2dI, Wo Id; 2d per allowed pair; the head d^2 + dV on `predicted` tokens (default all)."""
-    d, inter, tokens = config.hidden_size, config.intermediate_size, float(np.sum(lengths))
+    """FLOPs of a training step (3 x forward, a multiply-add 2) on documents of these lengths. Per
+    token and layer: Wqkv 3d^2, Wo d^2, Wi 2dI, Wo Id; 2d per allowed pair; the head d^2 + dV on
+    `predicted` tokens (default all)."""
+    d = config.hidden_size
+    tokens = float(np.sum(lengths))
     windows = {"full_attention": None, "sliding_attention": config.local_attention // 2}
-    forward = sum(tokens * 2 * (4 * d * d + 3 * d * inter) + 4 * d * attention_pairs(lengths, windows[kind], causal)
+    dense = tokens * 2 * (4 * d * d + 3 * d * config.intermediate_size)
+    forward = sum(dense + 4 * d * attention_pairs(lengths, windows[kind], causal)
                   for kind in config.layer_types)
     forward += (tokens if predicted is None else predicted) * 2 * (d * d + d * config.vocab_size)
     return 3 * forward
 
 
-# The GPU path: the attention backend decided once, batches prepared ahead, one compiled shape, no syncs.
+class Throughput:
+    """Tokens per second and MFU since the run started (FLOPs on allowed pairs / bf16 peak)."""
+
+    def __init__(self, tokens):
+        self.t0 = time.time()
+        self.tokens0 = tokens
+        self.flops = 0.0  # the model FLOPs of the steps since t0 (the loop adds each batch's)
+
+    def read(self, tokens, peak_flops):
+        seconds = max(time.time() - self.t0, 1e-9)
+        speed = {"tok_per_s": round((tokens - self.tokens0) / seconds)}
+        if peak_flops:
+            speed["mfu"] = round(self.flops / seconds / peak_flops, 4)
+        return speed
+
+
+# The GPU path: the attention backend decided once, batches prepared ahead, one compiled shape,
+# no syncs.
 def attention_backend(wanted, device, bf16, dropout, warn=True):
-    """The backend, decided at start-up (never mid-run): varlen where it can run, else sdpa (quiet for auto on CPU)."""
+    """The backend, decided at start-up (never mid-run): varlen where it can run, else sdpa
+    (quiet for auto on CPU)."""
+    if wanted == "sdpa":
+        return "sdpa"
     cuda = torch.device(device).type == "cuda"
-    needs = [need for need, ok in (("a CUDA device", cuda), ("bf16", bf16), ("attention_dropout 0", dropout == 0),
-                                   ("sm80+", not cuda or torch.cuda.get_device_capability(device) >= (8, 0)),
-                                   ("torch >= 2.10", importlib.util.find_spec("torch.nn.attention.varlen"))) if not ok]
-    if (fallback := wanted in ("auto", "varlen") and needs) and warn and (cuda or wanted == "varlen"):
-        print(f"warning: attn_backend={wanted} needs {', '.join(needs)}; using sdpa", file=sys.stderr)
-    return "sdpa" if fallback else "varlen" if wanted == "auto" else wanted
+    new_enough = not cuda or torch.cuda.get_device_capability(device) >= (8, 0)
+    checks = [("a CUDA device", cuda), ("bf16", bf16), ("attention_dropout 0", dropout == 0),
+              ("sm80+", new_enough),
+              ("torch >= 2.10", importlib.util.find_spec("torch.nn.attention.varlen"))]
+    needs = [need for need, ok in checks if not ok]
+    if not needs:
+        return "varlen"
+    if warn and (cuda or wanted == "varlen"):
+        print(f"warning: attn_backend={wanted} needs {', '.join(needs)}; using sdpa",
+              file=sys.stderr)
+    return "sdpa"
+
+
+def document_spans(key):
+    """The varlen kernel's sequences in (B, T) rows -> (int32 cu_seqlens into the B x T tokens,
+    longest): a span starts at each row start (a row end cuts a document) and where `key` (the
+    document id) changes."""
+    row_start = torch.ones_like(key[:, :1], dtype=torch.bool)
+    start = torch.cat([row_start, key[:, 1:] != key[:, :-1]], 1)
+    cu = torch.cat([start.view(-1).nonzero().view(-1), torch.tensor([key.numel()])]).int()
+    return cu, int(cu.diff().max())
+
+
+def varlen_attention(q, k, v, spans, window, causal):
+    """Attention within each span by FlashAttention's variable-length kernel on (B, H, T, D): no
+    pair across documents nor (causal) above the diagonal is computed; its window_size is
+    attention_window's."""
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: attention_backend checks
+    B, H, T, D = q.shape
+    cu, longest = spans
+    flat = [x.transpose(1, 2).reshape(B * T, H, D) for x in (q, k, v)]
+    y = varlen_attn(*flat, cu, cu, longest, longest, window_size=attention_window(causal, window))
+    return y.view(B, T, H, D).transpose(1, 2)
 
 
 def head_capacity(n, rate):
-    """The compiled head's fixed slots for n positions predicted at `rate`: all of them for CLM (rate 1); for MLM the
-    rate's count + 8 standard deviations + 8, so that a batch above it (one compile more) is never seen."""
+    """The compiled head's fixed slots for n positions predicted at `rate`: all of them for CLM
+    (rate 1); for MLM the rate's count + 8 standard deviations + 8, so that a batch above it (one
+    compile more) is never seen."""
     return min(n, math.ceil(rate * n + 8 * math.sqrt(n * rate * (1 - rate))) + 8)
 
 
+class Batch(NamedTuple):
+    """A micro-batch as the model takes it (prepare)."""
+    x: torch.Tensor                  # input ids (B, T), on the device
+    y: torch.Tensor                  # targets (B, T), IGNORE = no loss; on the CPU (the unigram)
+    y_dev: torch.Tensor              # the targets on the device
+    doc_ids: Optional[torch.Tensor]  # document index per token for the masks (sdpa, doc_mask)
+    spans: Optional[tuple]           # (cu_seqlens, longest) for the varlen kernel
+    capacity: Optional[int]          # the compiled head's slots (--compile), else None
+    flops: float                     # the model FLOPs of its forward and backward, for MFU
+
+
 def prepare(cfg, run, buf, sample):
-    """The windows `buf` as a batch (masks seeded by `sample`), built on the CPU and copied without blocking. Under
-    --compile the head's capacity is one per phase (head_capacity); a batch above it takes all positions."""
-    x, y, causal = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
+    """The windows `buf` as a Batch (masks seeded by `sample`), built on the CPU and copied
+    without blocking. Under --compile the head's capacity is one per phase (head_capacity); a
+    batch above it takes all positions."""
+    x, y = make_batch(cfg, buf, run.config, run.n_real_vocab, sample)
     doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
-    (cu, longest), n = document_spans(doc_ids), int((y != IGNORE).sum())
+    cu, longest = document_spans(doc_ids)
+    n = int((y != IGNORE).sum())
     cap = head_capacity(y.numel(), predicted_fraction(cfg))
-    varlen, pin = run.raw_model.model.attn_backend == "varlen", run.device.type == "cuda"
-    dev = lambda t: (t.pin_memory() if pin else t).to(run.device, non_blocking=True)  # noqa: E731
-    return SimpleNamespace(x=dev(x), y=y, y_dev=dev(y), causal=causal, spans=(dev(cu), longest) if varlen else None,
-                           doc_ids=dev(doc_ids) if cfg.doc_mask and not varlen else None,
-                           capacity=(cap if n <= cap else y.numel()) if cfg.compile else None,
-                           flops=model_flops(run.config, cu.diff().numpy(), causal, n))
+    varlen = run.raw_model.model.attn_backend == "varlen"
+    pin = run.device.type == "cuda"
+
+    def to_device(t):
+        return (t.pin_memory() if pin else t).to(run.device, non_blocking=True)
+
+    capacity = None
+    if cfg.compile:
+        capacity = cap if n <= cap else y.numel()
+    return Batch(x=to_device(x), y=y, y_dev=to_device(y),
+                 doc_ids=to_device(doc_ids) if cfg.doc_mask and not varlen else None,
+                 spans=(to_device(cu), longest) if varlen else None, capacity=capacity,
+                 flops=model_flops(run.config, cu.diff().numpy(), run.phase.causal, n))
 
 
 def micro_batches(cfg, run, step):
-    """This rank's micro-batches from `step` on, each prepared on a worker thread while the one before trains."""
+    """This rank's micro-batches from `step` on, each prepared on a worker thread while the one
+    before trains."""
     firsts = (run.sample0 + s * cfg.global_batch_size + (m * run.world + run.rank) * cfg.batch_size
               for s in itertools.count(step) for m in range(run.accum))
-    load = lambda first: prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)  # noqa: E731
+
+    def load(first):
+        return prepare(cfg, run, run.windows.rows(first, cfg.batch_size), first)
+
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
         ahead = worker.submit(load, next(firsts))
         for first in firsts:
-            current, ahead = ahead.result(), worker.submit(load, first)
+            current = ahead.result()
+            ahead = worker.submit(load, first)
             yield current
 
 
-def check_finite(cfg, run, step):
-    """The last step's loss, read from the device; a diverged run stops here, before it logs or checkpoints."""
-    if not math.isfinite(loss := run.loss.item()):
-        fail(f"loss is {loss} at step {step}; the last good checkpoint is kept in {cfg.out_dir}. "
+def check_finite(cfg, loss, step):
+    """The last step's loss, read from the device; a diverged run stops here, before it logs or
+    checkpoints."""
+    if not math.isfinite(value := loss.item()):
+        fail(f"loss is {value} at step {step}; the last good checkpoint is kept in {cfg.out_dir}. "
              "Try a lower --learning_rate or --grad_clip 1.0")
-    return loss
+    return value
 
 
 # Dense (no sparsity) bf16 tensor peak in FLOP/s from the vendors' data sheets; a key matches
 # when all its words are words of torch.cuda.get_device_name(). The first match wins.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H100": 989e12,
-                   "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
-                   "L40": 181e12, "L4": 121e12, "A10": 125e12, "A6000": 155e12, "4090": 165e12,
-                   "3090": 71e12, "MI300X": 1307e12}
+                   "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
+                   "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12, "A6000": 155e12,
+                   "4090": 165e12, "3090": 71e12, "MI300X": 1307e12}
 
 
 def device_peak_flops(device):
@@ -983,16 +1341,26 @@ def device_peak_flops(device):
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     words = torch.cuda.get_device_name(device).replace("-", " ").split()
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if all(w in words for w in key.split())), None)
+    matches = (flops for key, flops in PEAK_BF16_FLOPS.items()
+               if all(w in words for w in key.split()))
+    return next(matches, None)
 
 
 # Distributed: torchrun, and stopping together
 def setup_distributed(cfg):
-    """-> (rank, world, device), from torchrun's RANK/WORLD_SIZE/LOCAL_RANK (multi-node by torchrun's flags)."""
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+    """-> (rank, world, device), from torchrun's RANK/WORLD_SIZE/LOCAL_RANK (multi-node by
+    torchrun's flags)."""
+    dev = cfg.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return 0, 1, torch.device(dev)
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    if missing := [k for k in ("LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]:
+        fail(f"RANK and WORLD_SIZE are set but {', '.join(missing)} not; launch with torchrun, "
+             "or unset RANK and WORLD_SIZE to run one process")
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ["LOCAL_RANK"])
     if dev.startswith("cuda"):
         torch.cuda.set_device(local)
         dev = f"cuda:{local}"
@@ -1004,44 +1372,79 @@ def setup_distributed(cfg):
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     # NCCL reduces CUDA tensors only; the evaluation and stop-flag all_reduces are on CPU tensors
     # (the loss stays on the device), so a CUDA run also gets gloo for those.
-    dist.init_process_group("cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo", rank=rank, world_size=world,
+    backend = "cpu:gloo,cuda:nccl" if dev.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world,
                             store=dist.PrefixStore(f"detour/attempt{attempt}", store))
     return rank, world, torch.device(dev)
 
 
-def stop_requested(run):
-    """Whether SIGTERM/SIGINT came on any rank: all ranks stop at the same step, none is left waiting."""
-    if run.world > 1:
-        flag = torch.tensor([0 if run.signal is None else int(run.signal)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        run.signal = int(flag.item()) or None
-    return run.signal is not None
+class StopRequest:
+    """SIGTERM or SIGINT (cluster preemption, Ctrl-C), recorded by the handler and acted on by the
+    loop at the end of a step: every rank checkpoints and stops at the same step."""
+
+    def __init__(self, world):
+        self.world = world
+        self.signal = None  # the signal received (any rank's, once requested() has agreed)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame):
+        self.signal = signum
+
+    def requested(self):
+        """Whether a signal came on any rank (all ranks ask at the same step; none waits)."""
+        if self.world > 1:
+            flag = torch.tensor([0 if self.signal is None else int(self.signal)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signal = int(flag.item()) or None
+        return self.signal is not None
 
 
-# The command line: `--key value` or `--key=value`, typed like the default, checked against RULES:
-# (test, what the value must be) per constant, at start-up (main) before anything is read or
-# written. finetune.py and data/prepare.py have their own tables.
-POSITIVE, NON_NEGATIVE, NOT_EMPTY = (lambda v: v > 0, "> 0"), (lambda v: v >= 0, ">= 0"), (bool, "not empty")
-RATE, FRACTION = (lambda v: 0 < v < 1, "in (0, 1)"), (lambda v: 0 <= v <= 1, "in [0, 1]")
+# The command line: `--key value` or `--key=value`, typed like the default, checked against
+# RULES: (test, what the value must be) per constant, at start-up (resolve) before anything is
+# read or written. finetune.py and data/prepare.py have their own tables.
+def one_of(*names):
+    """The rule of a choice among `names`."""
+    return (lambda v: v in names), "one of " + " | ".join(n or '""' for n in names)
+
+
+def is_device(v):
+    if v in ("auto", "cpu"):
+        return True
+    return bool(re.fullmatch(r"cuda(:\d+)?", v)) and int(v[5:] or 0) < torch.cuda.device_count()
+
+
+def is_not_a_file(v):
+    return not os.path.isfile(v)
+
+
+POSITIVE = (lambda v: v > 0, "> 0")
+NON_NEGATIVE = (lambda v: v >= 0, ">= 0")
+NOT_EMPTY = (bool, "not empty")
+RATE = (lambda v: 0 < v < 1, "in (0, 1)")
+FRACTION = (lambda v: 0 <= v <= 1, "in [0, 1]")
 BETA = (lambda v: 0 <= v < 1, "in [0, 1)")
-one_of = lambda *names: ((lambda v: v in names), "one of " + " | ".join(n or '""' for n in names))  # noqa: E731
-DEVICE = (lambda v: v in ("auto", "cpu") or bool(re.fullmatch(r"cuda(:\d+)?", v)) and int(v[5:] or 0) < torch.cuda
-          .device_count(), "auto | cpu | cuda | cuda:N, a device this machine has")
+DEVICE = (is_device, "auto | cpu | cuda | cuda:N, a device this machine has")
 DTYPE = one_of("auto", "float32", "bfloat16")
-NOT_A_FILE = (lambda v: not os.path.isfile(v), "a directory, not a file")  # data_dir, out_dir, init_from
-DIRECTORY = (lambda v: bool(v) and NOT_A_FILE[0](v), "not empty, " + NOT_A_FILE[1])
-RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=DIRECTORY, data_dir=DIRECTORY, out_dir=NOT_A_FILE,
-             mlm_rate=RATE, decay_mlm_rate=RATE, seq_len=POSITIVE, batch_size=POSITIVE, global_batch_size=POSITIVE,
-             max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"), decay_tokens=NON_NEGATIVE,
-             data_seed=NON_NEGATIVE, seed=NON_NEGATIVE, learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE,
-             min_lr_ratio=FRACTION, beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
-             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, eval_interval=POSITIVE, eval_tokens=POSITIVE,
-             attn_backend=one_of("auto", "sdpa", "varlen", "dense_window"), log_interval=POSITIVE, ckpt_interval=POSITIVE)
-BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+NOT_A_FILE = (is_not_a_file, "a directory, not a file")  # data_dir, out_dir, init_from
+DIRECTORY = (lambda v: bool(v) and is_not_a_file(v), "not empty, a directory, not a file")
+RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=DIRECTORY,
+             data_dir=DIRECTORY, out_dir=NOT_A_FILE, mlm_rate=RATE, decay_mlm_rate=RATE,
+             seq_len=POSITIVE, batch_size=POSITIVE, global_batch_size=POSITIVE,
+             max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"),
+             decay_tokens=NON_NEGATIVE, data_seed=NON_NEGATIVE, seed=NON_NEGATIVE,
+             learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE, min_lr_ratio=FRACTION,
+             beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
+             grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, eval_interval=POSITIVE,
+             eval_tokens=POSITIVE, attn_backend=one_of("auto", "sdpa", "varlen"),
+             log_interval=POSITIVE, ckpt_interval=POSITIVE)
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True,
+            "0": False, "false": False, "no": False, "off": False}
 
 
 def check(values, rules, prog="detour.py"):
-    """Every value against its rule (keys absent from `values` skipped); the first break is an error."""
+    """Every value against its rule (keys absent from `values` skipped); the first break is an
+    error."""
     for key, (test, want) in rules.items():
         if key in values and not test(values[key]):
             fail(f"--{key} {values[key]!r} must be {want}; see python {prog} --help")
@@ -1056,21 +1459,34 @@ def convert(key, text, default):
             return int(float(text)) if float(text).is_integer() else int(text)
         return float(text) if isinstance(default, float) else text
     except (KeyError, ValueError):
-        kind = "true/false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else "a number"
+        kind = "a number"
+        if isinstance(default, bool):
+            kind = "true/false"
+        elif isinstance(default, int):
+            kind = "an integer"
         fail(f"--{key} expects {kind}, got {text!r}; e.g. --{key} {str(default).lower()}")
 
 
-def apply_overrides(namespace, argv, prog="detour.py", block=("# 1. Constants", "# The constants above")):
-    """Set namespace[key] from argv -> {key: value given}. -h/--help prints `prog`'s source from block[0] up to
-    block[1] (every constant, its default and comment) and exits."""
+def print_help(prog, block):
+    """`prog`'s source from block[0] up to block[1] (every constant, its default and comment)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), prog)) as f:
+        source = f.read()
+    print(f"usage: python {prog} [--key value | --key=value ...]; every option, its default and "
+          "comment:\n")
+    print(block[0] + source.split(block[0], 1)[1].split(block[1])[0].rstrip())
+
+
+def apply_overrides(namespace, argv, prog="detour.py",
+                    block=("# 1. Constants", "# The constants above")):
+    """Set namespace[key] from argv -> {key: value given}. -h/--help prints `prog`'s constants
+    (print_help) and exits."""
     known = {k for k, v in namespace.items()
              if k.islower() and not k.startswith("_") and isinstance(v, (bool, int, float, str))}
-    changed, args = {}, iter(argv)
+    changed = {}
+    args = iter(argv)
     for arg in args:
         if arg in ("-h", "--help"):
-            source = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), prog)).read()
-            print(f"usage: python {prog} [--key value | --key=value ...]; every option, its default and comment:\n")
-            print(block[0] + source.split(block[0], 1)[1].split(block[1])[0].rstrip())
+            print_help(prog, block)
             raise SystemExit(0)
         if not arg.startswith("--"):
             fail(f"unexpected argument {arg!r}; use --key value or --key=value")
@@ -1093,186 +1509,308 @@ def parse_layers(spec, n_layers):
     for part in filter(None, spec.replace(" ", "").split(",")):
         try:
             a, _, b = part.partition("-")
-            first, last = int(a), int(b or a)
+            first = int(a)
+            last = int(b or a)
         except ValueError:
             fail(f"--freeze_layers {spec!r} is not like '0-7' or '0-3,10'")
         if last < first:
-            fail(f"--freeze_layers range {part!r} is empty (its end is below its start); write it low-high, e.g. {b}-{a}")
+            fail(f"--freeze_layers range {part!r} is empty (its end is below its start); write it "
+                 f"low-high, e.g. {b}-{a}")
         out.update(range(first, last + 1))
     if out and max(out) >= n_layers:
         fail(f"--freeze_layers {spec!r} names layer {max(out)}, the model has {n_layers}")
     return sorted(out)
 
 
-# Checkpoints (written atomically: a crash mid-write keeps the last one) and where a run starts:
-# every resume and inheritance rule is below.
+# Checkpoints (written atomically: a crash mid-write keeps the last one), and where a run starts:
+# resolve() decides every resume and inheritance rule, reading each checkpoint once.
 def load_checkpoint(directory):
     path = os.path.join(directory, "ckpt.pt")
     if not os.path.exists(path):
         fail(f"no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)  # tensors read when used
+    try:  # mmap: tensors are read when used
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except Exception as e:
         fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
 
 
-def resolve_out_dir(cfg):
-    """out_dir, by default out/<phase>; a continuing phase's default is <init_from>-decay."""
-    if cfg.out_dir:
-        return cfg.out_dir
-    if PHASES[cfg.phase].continues and cfg.init_from == "resume":
-        fail("to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
-    return cfg.init_from.rstrip("/") + "-decay" if PHASES[cfg.phase].continues else os.path.join("out", cfg.phase)
+def steps_for(tokens, global_batch_size, seq_len):
+    """Optimizer steps that spend `tokens` (the last one may pass them), one at least."""
+    return max(1, math.ceil(tokens / (global_batch_size * seq_len)))
 
 
-def build_model(cfg, meta):
-    """-> (the model a run starts from, its checkpoint or None: scratch or HF). A fresh run must not overwrite
-    another run's; a continuing phase (decay) needs a Phase-1 checkpoint; the data must fit the model."""
-    resume, ckpt_path, ckpt = cfg.init_from == "resume", os.path.join(cfg.out_dir, "ckpt.pt"), None
-    if not resume and os.path.exists(ckpt_path) and not cfg.overwrite:
-        fail(f"{ckpt_path} exists (phase {load_checkpoint(cfg.out_dir).get('phase')}); "
-             "use --init_from resume to continue it, another --out_dir, or --overwrite true")
-    if cfg.init_from == "scratch":
-        vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
-        model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len), **PRESETS[cfg.preset],
-                                  **{k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
-                                                          "mask_token_id", "unk_token_id")}))
-    elif resume or PHASES[cfg.phase].continues or os.path.exists(os.path.join(cfg.init_from, "ckpt.pt")):
-        ckpt = load_checkpoint(cfg.out_dir if resume else cfg.init_from)
+def phase_budget(cfg, phase1_tokens):
+    """-> (the phase's tokens, its steps): decay_tokens or decay_ratio x Phase 1's for a
+    continuing phase, else max_tokens. Every phase's budget below one optimizer step is refused."""
+    budget = cfg.max_tokens
+    knob = "--max_tokens"
+    what = f"--max_tokens {budget}"
+    if PHASES[cfg.phase].continues and cfg.decay_tokens:
+        budget = cfg.decay_tokens
+        knob = "--decay_tokens"
+        what = f"--decay_tokens {budget}"
+    elif PHASES[cfg.phase].continues:
+        budget = int(cfg.decay_ratio * phase1_tokens)
+        knob = "--decay_ratio"
+        what = f"the decay's budget, --decay_ratio {cfg.decay_ratio} x {phase1_tokens} = {budget},"
+    step_tokens = cfg.global_batch_size * cfg.seq_len
+    if budget < step_tokens:
+        fail(f"{what} is less than one optimizer step, global_batch_size x seq_len = "
+             f"{cfg.global_batch_size} x {cfg.seq_len} = {step_tokens} tokens; raise {knob} or "
+             "lower those")
+    return budget, steps_for(budget, cfg.global_batch_size, cfg.seq_len)
+
+
+def phase1_tokens_of(cfg, ckpt):
+    """The Phase-1 tokens a run's budget follows from: a resumed run's saved count, a decay's
+    Phase-1 checkpoint's tokens, else 0 (a Phase-1 run's budget is max_tokens)."""
+    if cfg.init_from == "resume":
+        return ckpt["phase1_tokens"]
+    return ckpt["tokens"] if PHASES[cfg.phase].continues else 0
+
+
+def build_model(cfg, meta, ckpt):
+    """The model a run starts from: the checkpoint's weights, an HF directory's, or a fresh one
+    (scratch); then the data must fit it."""
+    if ckpt is not None:
         model = ModernBERT(Config(**ckpt["model_args"]))
         model.load_state_dict(ckpt["model"])
+    elif cfg.init_from == "scratch":
+        vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
+        special = {k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
+                                        "mask_token_id", "unk_token_id")}
+        model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len),
+                                  **PRESETS[cfg.preset], **special))
     else:
         model = load_hf(cfg.init_from)
-    config, retokenize = model.config, "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)"
+    config = model.config
+    retokenize = "prepare the data with the model's tokenizer (data/prepare.py --tokenizer)"
     if meta["vocab_size"] > config.vocab_size:
-        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's ({config.vocab_size}); {retokenize}")
+        fail(f"data vocab ({meta['vocab_size']}) is larger than the model's "
+             f"({config.vocab_size}); {retokenize}")
     for k in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
         if meta.get(k) != getattr(config, k):
             fail(f"data {k}={meta.get(k)} but model {k}={getattr(config, k)}; {retokenize}")
     if cfg.seq_len > config.max_position_embeddings:
-        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings {config.max_position_embeddings}; lower --seq_len")
-    if PHASES[cfg.phase].continues and not resume and ckpt.get("phase") not in ("clm", "mlm"):
-        fail(f"--phase {cfg.phase} needs a Phase-1 (clm or mlm) checkpoint; {cfg.init_from} holds phase {ckpt.get('phase')!r}")
-    return model, ckpt
+        fail(f"--seq_len {cfg.seq_len} exceeds max_position_embeddings "
+             f"{config.max_position_embeddings}; lower --seq_len")
+    return model
 
 
 def start_point(cfg, ckpt, optimizer):
-    """-> dict(step, tokens, sample0: windows already drawn, phase1_tokens, budget: the phase's tokens). A resumed run
-    continues exactly (AdamW state, position, RNG); a continuing phase (decay) keeps Phase 1's AdamW moments and
-    starts on the first window Phase 1 did not see; other runs start afresh."""
-    step, tokens, sample0, phase1_tokens = 0, 0, 0, 0
+    """-> dict(start_step, start_tokens, sample0: windows already drawn, phase1_tokens, budget,
+    total_steps). A resumed run continues exactly (AdamW state, position, RNG); a continuing
+    phase (decay) keeps Phase 1's AdamW moments and starts on the first window Phase 1 did not
+    see; other runs start afresh. Every AdamW setting is this run's (set_hyperparameters)."""
+    step = 0
+    tokens = 0
+    sample0 = 0
     if cfg.init_from == "resume":
         optimizer.load_state_dict(ckpt["optimizer"])
-        step, tokens, sample0, phase1_tokens = ckpt["step"], ckpt["tokens"], ckpt["sample0"], ckpt["phase1_tokens"]
+        step = ckpt["step"]
+        tokens = ckpt["tokens"]
+        sample0 = ckpt["sample0"]
         torch.set_rng_state(ckpt["torch_rng"])
     elif PHASES[cfg.phase].continues:
-        optimizer.load_state_dict(ckpt["optimizer"])  # keep Adam moments; only the schedule resets
-        phase1_tokens = ckpt["tokens"]
-        sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # fresh data
-    for group in optimizer.param_groups:  # lr/wd come from this run's schedule, not the checkpoint
-        group["weight_decay"] = torch_weight_decay(cfg) if group["weight_decay"] else 0.0
+        optimizer.load_state_dict(ckpt["optimizer"])  # keep Adam moments; the schedule resets
+        sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # new data
+    set_hyperparameters(optimizer, cfg)
+    phase1_tokens = phase1_tokens_of(cfg, ckpt)
     budget, total_steps = phase_budget(cfg, phase1_tokens)
-    return dict(step=step, tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens, budget=budget,
-                total_steps=total_steps)
+    return dict(start_step=step, start_tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens,
+                budget=budget, total_steps=total_steps)
 
 
-def phase_budget(cfg, phase1_tokens):
-    """-> (the phase's tokens: decay_tokens or decay_ratio x Phase 1's for a continuing phase, else max_tokens; steps)."""
-    budget = (cfg.decay_tokens or int(cfg.decay_ratio * phase1_tokens)) if PHASES[cfg.phase].continues else cfg.max_tokens
-    return budget, max(1, math.ceil(budget / (cfg.global_batch_size * cfg.seq_len)))
-
-
-def save_run(cfg, run, step, tokens):
-    """Rank 0 checkpoints the run at `step`: what start_point needs to resume it (never a diverged one)."""
-    check_finite(cfg, run, step)
-    if run.master:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
-                    model_args=asdict(run.config), config=vars(cfg), torch_rng=torch.get_rng_state(), phase=cfg.phase,
-                    step=step, tokens=tokens, sample0=run.sample0,
-                    phase1_tokens=run.phase1_tokens if PHASES[cfg.phase].continues else tokens)
-        atomic_write(os.path.join(cfg.out_dir, "ckpt.pt"), lambda f: torch.save(ckpt, f))
+def save_run(cfg, run, step, tokens, loss):
+    """Rank 0 checkpoints the run at `step`: what start_point needs to resume it (never a
+    diverged one)."""
+    check_finite(cfg, loss, step)
+    if not run.master:
+        return
+    make_dirs(cfg.out_dir)
+    phase1_tokens = run.phase1_tokens if run.phase.continues else tokens
+    ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
+                model_args=asdict(run.config), config=dict(vars(cfg)),
+                torch_rng=torch.get_rng_state(), phase=cfg.phase, step=step, tokens=tokens,
+                sample0=run.sample0, phase1_tokens=phase1_tokens)
+    atomic_write(os.path.join(cfg.out_dir, "ckpt.pt"), lambda f: torch.save(ckpt, f))
 
 
 def open_outputs(cfg, run):
-    """Rank 0: out_dir/detour.py (the code that runs), log.jsonl cut to a resumed checkpoint (a kill -9 can leave later
-    records), a run from scratch's step-0 weights (init/, for weight-drift analysis) -> the open log."""
+    """Rank 0: out_dir/detour.py (the code that runs), log.jsonl cut to a resumed checkpoint (a
+    kill -9 can leave later records), a run from scratch's step-0 weights (init/, for
+    weight-drift analysis) -> {log: the open log, wandb: the W&B run or None}."""
     if not run.master:
-        return None
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    source = open(os.path.abspath(__file__), "rb").read()
+        return {}
+    make_dirs(cfg.out_dir)
+    with open(os.path.abspath(__file__), "rb") as f:
+        source = f.read()
     atomic_write(os.path.join(cfg.out_dir, "detour.py"), lambda f: f.write(source))
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
-    if os.path.exists(log_path):  # a run that starts afresh (step 0) keeps none of an earlier attempt's records
+    if os.path.exists(log_path):  # a run from step 0 keeps none of an earlier attempt's records
         with open(log_path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= run.step]
+            kept = [line for line in f
+                    if line.strip() and json.loads(line)["step"] <= run.start_step]
         atomic_write(log_path, lambda f: f.write("".join(kept).encode()))
     c = run.config
-    print(f"detour: phase={cfg.phase} params={run.raw_model.num_params() / 1e6:.2f}M layers={c.num_hidden_layers} "
-          f"d={c.hidden_size} ranks={run.world} accum={run.accum} steps={run.total_steps} "
-          f"tokens/step={run.tokens_per_step} frozen={run.frozen or 'none'} out_dir={cfg.out_dir}")
-    if cfg.init_from == "scratch" and run.step == 0:
+    print(f"detour: phase={cfg.phase} params={run.raw_model.num_params() / 1e6:.2f}M "
+          f"layers={c.num_hidden_layers} d={c.hidden_size} ranks={run.world} accum={run.accum} "
+          f"steps={run.total_steps} tokens/step={run.tokens_per_step} "
+          f"frozen={run.frozen or 'none'} out_dir={cfg.out_dir}")
+    if cfg.init_from == "scratch" and run.start_step == 0:
         save_hf(run.raw_model, os.path.join(cfg.out_dir, "init"), run.tokenizer)
-    if cfg.wandb_log:  # nanoGPT's tracker: imported only when asked for (main checked that it is installed)
+    wandb_run = None
+    if cfg.wandb_log:  # nanoGPT's tracker: imported only when asked for (resolve checked it)
         import wandb
-        run.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or cfg.out_dir, config=vars(cfg),
-                               dir=cfg.out_dir, id=cfg.wandb_run_id or None, resume="allow")
-        cfg.wandb_run_id = run.wandb.id  # into the checkpoint's configuration: a resume continues this W&B run
-    return open(log_path, "a")
+        wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or cfg.out_dir,
+                               config=vars(cfg), dir=cfg.out_dir, id=cfg.wandb_run_id,
+                               resume="allow")
+    try:
+        log = open(log_path, "a")
+    except OSError as e:
+        fail(f"cannot write {log_path} ({os_reason(e)}); make {cfg.out_dir} writable")
+    return {"log": log, "wandb": wandb_run}
 
 
-def main(argv):
-    """The constants, under what a run inherits (a resumed run its saved configuration, a continuing phase Phase 1's but
-    the keys it owns), under argv; with --autoresume (or torchrun restarting the group) out_dir's own run continued;
-    then train()."""
-    cfg = dict(DEFAULTS)
-    given = apply_overrides(cfg, argv)
-    check(cfg, RULES)
-    phase = PHASES.get(cfg["phase"])
-    if cfg["init_from"] == "resume":  # continue with the saved configuration (a key it lacks: today's default)
-        out = resolve_out_dir(SimpleNamespace(**cfg))
-        saved = load_checkpoint(out)["config"]
-        cfg = {**cfg, **{k: v for k, v in saved.items() if not k.startswith("_")}, **given, "out_dir": out}
-    elif phase and phase.continues and os.path.exists(os.path.join(cfg["init_from"], "ckpt.pt")):
-        # Same data, model shape, batch and peak lr as Phase 1 unless told otherwise.
-        saved = load_checkpoint(cfg["init_from"])["config"]
-        cfg = {**cfg, **{k: v for k, v in saved.items() if not k.startswith("_") and k not in phase.own}, **given}
-    check(cfg, RULES)  # again: also what a resumed or continuing run inherits (its device must exist here)
-    cfg = SimpleNamespace(**cfg)
-    if PHASES[cfg.phase].continues and cfg.init_from == "scratch":
-        fail(f"--phase {cfg.phase} starts from a Phase-1 checkpoint; pass --init_from out/clm")
-    step_tokens = cfg.global_batch_size * cfg.seq_len
-    if not PHASES[cfg.phase].continues and cfg.max_tokens < step_tokens:
-        fail(f"--max_tokens {cfg.max_tokens} is less than one optimizer step, global_batch_size x seq_len = "
-             f"{cfg.global_batch_size} x {cfg.seq_len} = {step_tokens} tokens; raise --max_tokens or lower those")
-    if cfg.wandb_log and importlib.util.find_spec("wandb") is None:
-        fail("--wandb_log true needs the wandb package; pip install wandb (or --wandb_log false)")
-    cfg.out_dir = resolve_out_dir(cfg)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun --max-restarts: continue
-    if (cfg.autoresume or restarted) and cfg.init_from != "resume" and os.path.exists(f"{cfg.out_dir}/ckpt.pt"):
-        cfg = autoresume_run(cfg, load_checkpoint(cfg.out_dir))
-    return train(cfg) if cfg else None
+def write_record(run, record):
+    """One record into log.jsonl (flushed: a kill loses none) and, with --wandb_log, W&B."""
+    run.log.write(json.dumps(record) + "\n")
+    run.log.flush()
+    if run.wandb:
+        run.wandb.log(record, step=record["step"])
 
 
-def autoresume_run(cfg, ckpt):
-    """--autoresume, as Composer's: out_dir's checkpoint of this phase and configuration -> the run, continued as
-    --init_from resume does; finished -> None (said once; exit 0); of another phase or configuration -> refused, naming
-    what differs. Keys that change nothing computed may differ, and a resumed run's checkpoint says init_from "resume"."""
-    path, saved, master = os.path.join(cfg.out_dir, "ckpt.pt"), ckpt["config"], int(os.environ.get("RANK", "0")) == 0
-    ignored = {"out_dir", "overwrite", "progress", "autoresume", "wandb_log", "wandb_project", "wandb_run_name", "wandb_run_id",
-               *(["init_from"] if saved.get("init_from") == "resume" else [])}
-    if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in vars(cfg).items()
+def print_stopped(cfg, run, step):
+    if not run.master:
+        return
+    again = f"--init_from resume --out_dir {cfg.out_dir}"
+    if cfg.autoresume:
+        again = "the same command"
+    print(f"detour: stopped by signal {run.stop.signal} at step {step}; checkpoint saved. "
+          f"Continue with {again}")
+
+
+# Resolution: the configuration of a run, decided in one place before anything trains.
+Settings = make_dataclass("Settings", [(k, type(v)) for k, v in DEFAULTS.items()], frozen=True)
+# Keys that change nothing computed: --autoresume lets them differ from the checkpoint's.
+RERUN_KEYS = ("out_dir", "overwrite", "progress", "autoresume", "early_decay", "wandb_log",
+              "wandb_project", "wandb_run_name", "wandb_run_id")
+
+
+def resolve(argv):
+    """argv -> (the run's frozen configuration, the checkpoint it starts from or None), or None
+    when --autoresume finds the run finished. The constants, under what the run continues (a
+    resumed run its saved configuration, a decay its Phase 1's but the keys it owns), under
+    argv; each checkpoint read once and checked before anything of it is merged."""
+    values = dict(DEFAULTS)
+    given = apply_overrides(values, argv)
+    check(values, RULES)
+    phase = PHASES[values["phase"]]
+    ckpt = None
+    if values["init_from"] == "resume":
+        ckpt = resumed(values, given)
+    elif phase.continues:
+        ckpt = continued(values, given)
+    else:
+        values["out_dir"] = values["out_dir"] or os.path.join("out", values["phase"])
+        if os.path.exists(os.path.join(values["init_from"], "ckpt.pt")):  # a detour out_dir
+            ckpt = load_checkpoint(values["init_from"])  # its weights
+    check(values, RULES)  # again: also what a resumed or continuing run inherits
+    path = os.path.join(values["out_dir"], "ckpt.pt")
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun restarts
+    if values["init_from"] != "resume" and os.path.exists(path):
+        if not (values["autoresume"] or restarted or values["overwrite"]):
+            fail(f"{path} exists (phase {load_checkpoint(values['out_dir']).get('phase')}); use "
+                 "--init_from resume to continue it, another --out_dir, or --overwrite true")
+        if values["autoresume"] or restarted:
+            ckpt = autoresumed(values, load_checkpoint(values["out_dir"]))
+            if ckpt is None:
+                return None
+    if values["wandb_log"]:
+        if importlib.util.find_spec("wandb") is None:
+            fail("--wandb_log true needs the wandb package; pip install wandb (or --wandb_log "
+                 "false)")
+        values["wandb_run_id"] = values["wandb_run_id"] or secrets.token_hex(4)  # W&B's id form
+    cfg = Settings(**{k: values[k] for k in DEFAULTS})
+    phase_budget(cfg, phase1_tokens_of(cfg, ckpt))  # a budget below one step is refused here
+    return cfg, ckpt
+
+
+def resumed(values, given):
+    """--init_from resume: out_dir's checkpoint, and its saved configuration under argv (a key it
+    lacks: today's default). -> the checkpoint."""
+    if not values["out_dir"]:
+        if PHASES[values["phase"]].continues:
+            fail("to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+        values["out_dir"] = os.path.join("out", values["phase"])
+    out = values["out_dir"]
+    ckpt = load_checkpoint(out)
+    saved = ckpt["config"]
+    if "phase" in given and given["phase"] != ckpt.get("phase"):
+        fail(f"--phase {given['phase']}, but {values['out_dir']} holds a {ckpt.get('phase')} run; "
+             "a resume continues its own phase: drop --phase")
+    values.update({k: v for k, v in saved.items() if k in DEFAULTS}, **given)
+    values["out_dir"] = out  # where it is now, not where it was
+    return ckpt
+
+
+def continued(values, given):
+    """A continuing phase (the decay): Phase 1's finished checkpoint, and its configuration (the
+    same data, model shape, batch and peak lr) but the keys the phase owns, under argv. -> the
+    Phase-1 checkpoint."""
+    source = values["init_from"]
+    if source == "scratch":
+        fail(f"--phase {values['phase']} starts from a Phase-1 checkpoint; pass --init_from "
+             "out/clm")
+    ckpt = load_checkpoint(source)
+    if ckpt.get("phase") not in ("clm", "mlm"):
+        fail(f"--phase {values['phase']} needs a Phase-1 (clm or mlm) checkpoint; {source} holds "
+             f"phase {ckpt.get('phase')!r}")
+    saved = ckpt["config"]
+    planned = steps_for(*(saved.get(k, DEFAULTS[k])
+                          for k in ("max_tokens", "global_batch_size", "seq_len")))
+    if ckpt["step"] < planned and not values["early_decay"]:
+        fail(f"{source} stopped at step {ckpt['step']} of the {planned} its Phase 1 planned; "
+             "finish it (--init_from resume), or decay from it anyway with --early_decay true")
+    own = PHASES[values["phase"]].own
+    values.update({k: v for k, v in saved.items() if k in DEFAULTS and k not in own}, **given)
+    values["out_dir"] = values["out_dir"] or source.rstrip("/") + "-decay"
+    return ckpt
+
+
+def autoresumed(values, ckpt):
+    """--autoresume, as Composer's: out_dir's checkpoint of this phase and configuration -> the
+    run, continued as --init_from resume does (values changed to say so); finished -> None (said
+    once; exit 0); of another phase or configuration -> refused, naming what differs. A resumed
+    run's checkpoint says init_from "resume"."""
+    path = os.path.join(values["out_dir"], "ckpt.pt")
+    saved = ckpt["config"]
+    master = int(os.environ.get("RANK", "0")) == 0
+    ignored = {*RERUN_KEYS, *(["init_from"] if saved.get("init_from") == "resume" else [])}
+    if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in values.items()
                   if k in saved and k not in ignored and saved[k] != v]:
-        fail(f"--autoresume: {path} was run with another configuration ({'; '.join(differ)}); rerun it with its "
-             "settings, or give another --out_dir")
-    if ckpt["step"] >= phase_budget(cfg, ckpt["phase1_tokens"])[1]:
+        fail(f"--autoresume: {path} was run with another configuration ({'; '.join(differ)}); "
+             "rerun it with its settings, or give another --out_dir")
+    if ckpt["step"] >= phase_budget(Settings(**values), ckpt["phase1_tokens"])[1]:
         if master:
-            print(f"detour: {cfg.out_dir} is finished (step {ckpt['step']}, {ckpt['tokens']:,} tokens); nothing to do")
+            print(f"detour: {values['out_dir']} is finished (step {ckpt['step']}, "
+                  f"{ckpt['tokens']:,} tokens); nothing to do")
         return None
     if master:
         print(f"detour: autoresume: continuing {path} from step {ckpt['step']}")
-    wandb_run = cfg.wandb_run_id or saved.get("wandb_run_id") or ""  # the requeued job logs into its own W&B run
-    return SimpleNamespace(**{**vars(cfg), "init_from": "resume", "wandb_run_id": wandb_run})
+    values["init_from"] = "resume"
+    # the requeued job logs into its own W&B run
+    values["wandb_run_id"] = values["wandb_run_id"] or saved.get("wandb_run_id") or ""
+    return ckpt
+
+
+def main(argv):
+    """resolve(), then train(); None when there is nothing to do (an --autoresume run finished)."""
+    resolution = resolve(argv)
+    if resolution is None:
+        return None
+    cfg, ckpt = resolution
+    return train(cfg, ckpt)
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ threshold: the small one costs page faults). A first step can add one-time libra
 that errs against whichever model has them. GPU: the growth of torch.cuda.max_memory_allocated.
 """
 import argparse
+import contextlib
 import copy
 import ctypes
+import functools
 import os
 import statistics
 import sys
@@ -136,8 +138,36 @@ def forward_loss(variant, model, x, y, causal, doc_ids):
         h = model.model(x, causal=causal, doc_ids=doc_ids).reshape(-1, model.config.hidden_size)[keep]
         logits = model.decoder(model.head(h))
         return logits, F.cross_entropy(logits.float(), y.reshape(-1)[keep])
+    if variant == "dense_window":
+        with dense_local_layers():
+            return model(x, y, causal=causal, doc_ids=doc_ids)
     spans = detour.document_spans(doc_ids.cpu()) if model.model.attn_backend == "varlen" else None
     return model(x, y, causal=causal, doc_ids=doc_ids, spans=spans and (spans[0].to(x.device), spans[1]))
+
+
+def dense_window_fns(config, B, T, device, causal, attention_mask=None, doc_ids=None, backend="sdpa", dropout=0.0,
+                     spans=None):
+    """detour.attention_fns with the local layers as one dense SDPA under the T x T window mask (detour.dense_mask
+    with the window): the O(T^2) reference that block_sliding_attention is measured against."""
+    full_mask = None
+    if attention_mask is not None or doc_ids is not None:
+        full_mask = detour.dense_mask(B, T, device, causal, None, attention_mask, doc_ids)
+    window_mask = detour.dense_mask(B, T, device, causal, config.local_attention // 2, attention_mask, doc_ids)
+    nothing_after = detour.attention_window(causal)[1] == 0
+    sdpa = functools.partial(F.scaled_dot_product_attention, dropout_p=dropout)
+    return {"full_attention": functools.partial(sdpa, attn_mask=full_mask, is_causal=nothing_after and full_mask is None),
+            "sliding_attention": functools.partial(sdpa, attn_mask=window_mask)}
+
+
+@contextlib.contextmanager
+def dense_local_layers():
+    """detour's forward with dense_window_fns (the forward only builds masks; backward needs none)."""
+    real = detour.attention_fns
+    detour.attention_fns = dense_window_fns
+    try:
+        yield
+    finally:
+        detour.attention_fns = real
 
 
 def main():
@@ -181,9 +211,6 @@ def main():
         hf = transformers.AutoModelForMaskedLM.from_pretrained(d, attn_implementation="sdpa")
     ours.model.attn_backend = args.attn_backend
     models = {k: (hf if k == "hf" else copy.deepcopy(ours)).to(device).train() for k in pair}
-    for k in pair:  # the dense_window ablation: detour's attn_backend for the local layers on the T x T mask
-        if k == "dense_window":
-            models[k].model.attn_backend = "dense_window"
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.0) for k, m in models.items()}
     for k, m in models.items():  # create the AdamW state now (zero gradients: the weights stay equal)
         for param in m.parameters():

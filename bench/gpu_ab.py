@@ -404,8 +404,9 @@ def attention_floor(S, batch):
         def fwd_bwd(kind=kind, window=window):
             if S.attn == "varlen":
                 from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10 (S.attn says it is there)
-                (cu, longest), left = batch.spans, -1 if window is None else window
-                y = varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(left, 0 if batch.causal else left))
+                cu, longest = batch.spans
+                y = varlen_attn(q, k, v, cu, cu, longest, longest,
+                                window_size=detour.attention_window(batch.causal, window))
             else:
                 y = fns[kind](*(t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
             return torch.autograd.grad(y.reshape(B * T, H, D), (q, k, v), dy)

@@ -177,10 +177,10 @@ def test_attention_backend_decision(monkeypatch, capsys):
     """Decided once at start-up. On a CPU: auto is sdpa without a word; varlen asked for falls back
     to sdpa with one warning line naming what is missing. On CUDA (faked here): varlen when the GPU
     has FlashAttention (sm80+), the run is bf16, the attention has no dropout and torch has the
-    varlen module; otherwise sdpa and one line. sdpa and dense_window are taken as asked."""
+    varlen module; otherwise sdpa and one line. sdpa is taken as asked, on any device."""
     pick = detour.attention_backend
     assert pick("auto", "cpu", False, 0.0) == "sdpa" and capsys.readouterr().err == ""
-    assert pick("sdpa", "cpu", False, 0.0) == "sdpa" and pick("dense_window", "cpu", False, 0.0) == "dense_window"
+    assert pick("sdpa", "cpu", False, 0.0) == "sdpa" and pick("sdpa", "cuda", True, 0.0) == "sdpa"
     assert pick("varlen", "cpu", False, 0.0) == "sdpa"
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: attn_backend=varlen needs a CUDA device, bf16") and line.endswith("using sdpa")
