@@ -69,7 +69,7 @@ DEFAULT_WORLD_SEED = 1234
 # BPE's merges settle long before that, and its memory grows with the sample. A smaller input is
 # used whole.
 TOKENIZER_SAMPLE_MB = 256
-# MB/s and ETA; off without a tty
+# The progress bars: MB/s and ETA; off without a tty.
 BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)
 BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
 # What prepare reads, told by the file's ending, each maybe gzipped (+ ".gz"): a directory given as
