@@ -3,8 +3,8 @@
     python data/prepare.py                          # generated corpus -> data/default/
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
-    python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json   # *.jsonl.gz shards
-    python data/prepare.py --input 'baseline/pubmed25n*.xml.gz' --name pubmed         # NLM's PubMed XML
+    python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json  # shards
+    python data/prepare.py --input 'baseline/pubmed25n*.xml.gz' --name pubmed  # NLM's PubMed XML
 
 Output directory (data/NAME/ or --out_dir):
     tokenizer.json    byte-level BPE (trained here unless --tokenizer is given)
@@ -44,6 +44,7 @@ import zlib
 from array import array
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from itertools import chain, islice, repeat
 from multiprocessing import get_all_start_methods, get_context
 
@@ -52,9 +53,11 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the repository root: detour and data.world from any working directory
+# The repository root, so that detour and data.world import from any working directory.
+sys.path.insert(0, os.path.dirname(HERE))
 from data import world  # noqa: E402
-from detour import NON_NEGATIVE, POSITIVE, RATE, atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
+from detour import atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
+from detour import NON_NEGATIVE, POSITIVE, RATE  # noqa: E402
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -62,19 +65,32 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 DEFAULT_N_DOCS = 20000  # about 2.6M tokens with the default 8192-token vocabulary
 DEFAULT_WORLD_SEED = 1234
-# A trained tokenizer learns from the train documents among the input's first 256 MB of text: BPE's
-# merges settle long before that, and its memory grows with the sample. A smaller input is used whole.
+# A trained tokenizer learns from the train documents among the input's first 256 MB of text:
+# BPE's merges settle long before that, and its memory grows with the sample. A smaller input is
+# used whole.
 TOKENIZER_SAMPLE_MB = 256
-BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)  # MB/s and ETA; off without a tty
+# The progress bars: MB/s and ETA; off without a tty.
+BAR = dict(unit="B", unit_scale=True, dynamic_ncols=True, disable=None, leave=False)
 BATCH_DOCS = 2048  # documents per encode_batch call: enough to keep every tokenizer thread busy
-# What prepare reads, told by the file's ending, each maybe gzipped (+ ".gz"): a directory given as --input contributes
-# these files, and any other file is refused (a .csv, .tsv or .parquet read as lines of text gives garbage documents).
-FORMATS = {".txt": "(a document per line)", ".jsonl": '({"text": ...} per line)', ".xml": "(NLM's PubMed XML)"}
+# What prepare reads, told by the file's ending, each maybe gzipped (+ ".gz"): a directory given as
+# --input contributes these files, and any other file is refused (a .csv, .tsv or .parquet read as
+# lines of text gives garbage documents).
+FORMATS = {
+    ".txt": "(a document per line)",
+    ".jsonl": '({"text": ...} per line)',
+    ".xml": "(NLM's PubMed XML)",
+}
 SUFFIXES = tuple(suffix + gz for gz in ("", ".gz") for suffix in FORMATS)
-RULES = dict(vocab_size=(lambda v: v >= MIN_VOCAB, f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
-             val_fraction=RATE, n_docs=(lambda v: v >= 2, ">= 2 (a train and a val document)"), seed=NON_NEGATIVE,
-             world_seed=NON_NEGATIVE, group_tokens=(lambda v: v is None or v > 0, "> 0"),
-             tokenizer_sample_mb=POSITIVE)  # checked by main
+RULES = dict(  # checked by main
+    vocab_size=(lambda v: v >= MIN_VOCAB,
+                f">= {MIN_VOCAB} (256 bytes + {len(SPECIAL_TOKENS)} specials)"),
+    val_fraction=RATE,
+    n_docs=(lambda v: v >= 2, ">= 2 (a train and a val document)"),
+    seed=NON_NEGATIVE,
+    world_seed=NON_NEGATIVE,
+    group_tokens=(lambda v: v is None or v > 0, "> 0"),
+    tokenizer_sample_mb=POSITIVE,
+)
 
 
 def clean(text):
@@ -89,8 +105,9 @@ def format_of(path):
 
 
 def input_files(paths):
-    """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted by path, a glob
-    pattern's matches sorted by path (a quoted 'pubmed/pubmed25n*.xml.gz' works as the shell's expansion would)."""
+    """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted
+    by path, a glob pattern's matches sorted by path (a quoted 'pubmed/pubmed25n*.xml.gz' works as
+    the shell's expansion would)."""
     files = []
     for path in paths:
         if not os.path.exists(path) and glob.has_magic(path):
@@ -99,25 +116,34 @@ def input_files(paths):
                 fail(f"--input pattern {path} matches no file; check the directory and the pattern")
             files += input_files(found)
         elif os.path.isdir(path):
-            found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(SUFFIXES))
-            if not found:
-                fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; give a directory of shards or a file")
-            # One format a directory: a README.txt next to PubMed's .xml.gz files is not a shard.
-            kinds = {}
-            for f in found:
-                kinds.setdefault(format_of(f), f)
-            if len(kinds) > 1:
-                fail(f"the directory {path} mixes {' and '.join(kinds)} files ({', '.join(kinds.values())}); "
-                     "give the files of one format as --input, or move the others out")
-            files += found
+            files += directory_files(path)
         elif os.path.isfile(path):
             if not format_of(path):
-                fail(f"cannot read {path}: prepare reads " + ", ".join(f"{s} {what}" for s, what in FORMATS.items())
-                     + ", each maybe gzipped (.gz), by the file's ending; convert it to one of them")
+                formats = ", ".join(f"{s} {what}" for s, what in FORMATS.items())
+                fail(f"cannot read {path}: prepare reads {formats}, each maybe gzipped (.gz), "
+                     "by the file's ending; convert it to one of them")
             files.append(path)
         else:
-            fail(f"input file not found: {path} (check the --input path)")
+            fail(f"input file not found: {path}; check the --input path")
     return files
+
+
+def directory_files(path):
+    """A directory's SUFFIXES files, sorted by path, all of one format."""
+    found = sorted(os.path.join(d, n) for d, _, names in os.walk(path)
+                   for n in names if n.endswith(SUFFIXES))
+    if not found:
+        fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; "
+             "give a directory of shards or a file")
+    # One format a directory: a README.txt next to PubMed's .xml.gz files is not a shard.
+    kinds = {}
+    for f in found:
+        kinds.setdefault(format_of(f), f)
+    if len(kinds) > 1:
+        fail(f"the directory {path} mixes {' and '.join(kinds)} files "
+             f"({', '.join(kinds.values())}); "
+             "give the files of one format as --input, or move the others out")
+    return found
 
 
 def parse(lines, path, group_tokens):
@@ -131,12 +157,15 @@ def parse(lines, path, group_tokens):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                fail(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
+                fail(f"{path}:{lineno}: not valid JSON ({e.msg}); "
+                     "each line must be one JSON object")
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                fail(f'{path}:{lineno}: no "text" string field; each line must look like {{"text": "..."}}')
+                fail(f'{path}:{lineno}: no "text" string field; '
+                     'each line must look like {"text": "..."}')
             yield clean(record["text"])
     elif group_tokens:
-        group, n_words = [], 0
+        group = []
+        n_words = 0
         for line in lines:
             words = line.split()
             if words:
@@ -144,7 +173,8 @@ def parse(lines, path, group_tokens):
                 n_words += len(words)
             if group and (not words or n_words >= group_tokens):
                 yield " ".join(group)
-                group, n_words = [], 0
+                group = []
+                n_words = 0
         if group:
             yield " ".join(group)
     else:
@@ -152,15 +182,20 @@ def parse(lines, path, group_tokens):
 
 
 class Corpus:
-    """The documents of the input files (text, JSONL or PubMed XML, each maybe gzipped), read as a stream every
-    time it is iterated; empty documents are dropped, and a text or JSONL file without any is an error (a PubMed
-    file without a usable article is skipped and counted: an update file may hold only deletions). `bar`, when set,
-    advances by the bytes read from disk; `counts` holds, in the last read, the PubMed articles and books read,
-    those `skipped` (no abstract), the deleted citations and the XML files without an article."""
+    """The documents of the input files (text, JSONL or PubMed XML, each maybe gzipped), read as a
+    stream every time it is iterated; empty documents are dropped, and a text or JSONL file without
+    any is an error (a PubMed file without a usable article is skipped and counted: an update file
+    may hold only deletions). `bar`, when set, advances by the bytes read from disk; `counts` holds,
+    in the last read, the PubMed articles and books read, those `skipped` (no abstract), the deleted
+    citations and the XML files without an article."""
+
+    COUNTS = ("articles", "books", "skipped", "deleted", "files_without_articles")
 
     def __init__(self, paths, group_tokens=None):
-        self.files, self.group_tokens, self.bar = input_files(paths), group_tokens, None
-        self.counts = dict.fromkeys(("articles", "books", "skipped", "deleted", "files_without_articles"), 0)
+        self.files = input_files(paths)
+        self.group_tokens = group_tokens
+        self.bar = None
+        self.counts = dict.fromkeys(self.COUNTS, 0)
 
     @property
     def skipped(self):
@@ -172,37 +207,54 @@ class Corpus:
     def __iter__(self):
         self.counts = dict.fromkeys(self.counts, 0)
         for path in self.files:
-            n_docs, is_xml = 0, format_of(path) == ".xml"
-            with open(path, "rb") as raw:
-                data = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
-                try:
-                    docs = self._progress(self.pubmed(data, path), raw) if is_xml else parse(
-                        self._progress(io.TextIOWrapper(data, encoding="utf-8"), raw), path, self.group_tokens)
-                    for n_docs, doc in enumerate(filter(None, docs), 1):
-                        yield doc
-                except UnicodeDecodeError as e:
-                    fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); "
-                         "convert it (e.g. iconv -t utf-8)")
-                except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-                    fail(f"{path} is a truncated or corrupt gzip file ({e}); download or compress it again")
-                except ET.ParseError as e:  # its line in the XML (after gunzip); str(e) ends with the position
-                    fail(f"{path}:{e.position[0]}: not well-formed XML ({str(e).split(':')[0]}); "
-                         "download the file again")
+            is_xml = format_of(path) == ".xml"
+            n_docs = 0
+            for n_docs, doc in enumerate(self._read(path, is_xml), 1):
+                yield doc
             if not n_docs and is_xml:
                 self.counts["files_without_articles"] += 1
             elif not n_docs:
-                fail(f"no documents in {path} (the file is empty or has only blank lines); give a file with text")
+                fail(f"no documents in {path} (the file is empty or has only blank lines); "
+                     "give a file with text")
+
+    def _read(self, path, is_xml):
+        """The non-empty documents of one file; a file that cannot be read is one line naming it."""
+        try:
+            raw = open(path, "rb")
+        except OSError as e:  # unreadable, or gone since the files were listed
+            fail(f"cannot read {path} ({e.strerror}); check the --input path and its permissions")
+        with raw:
+            data = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
+            try:
+                if is_xml:
+                    docs = self._progress(self.pubmed(data, path), raw)
+                else:
+                    lines = self._progress(io.TextIOWrapper(data, encoding="utf-8"), raw)
+                    docs = parse(lines, path, self.group_tokens)
+                yield from filter(None, docs)
+            except UnicodeDecodeError as e:
+                fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); "
+                     "convert it (e.g. iconv -t utf-8)")
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                fail(f"{path} is a truncated or corrupt gzip file ({e}); "
+                     "download or compress it again")
+            except ET.ParseError as e:
+                # its line in the XML (after gunzip); str(e) ends with the position
+                fail(f"{path}:{e.position[0]}: not well-formed XML ({str(e).split(':')[0]}); "
+                     "download the file again")
 
     def pubmed(self, data, path):
-        """Yield the documents of NLM's PubMed XML (the baseline's and updates' pubmed*.xml.gz): each PubmedArticle's
-        and PubmedBookArticle's (a Bookshelf record's) text, see pubmed_document; one without an abstract is skipped
-        and counted. A DeleteCitation (PMIDs taken out of PubMed) is counted, not read. A stream: iterparse builds
-        the tree a read (16 KB) at a time and every child of the root is cleared once read, so memory holds a read's
-        articles, whatever the file's size (a baseline file: up to 30,000 articles)."""
+        """Yield the documents of NLM's PubMed XML (the baseline's and updates' pubmed*.xml.gz):
+        each PubmedArticle's and PubmedBookArticle's (a Bookshelf record's) text, see
+        pubmed_document; one without an abstract is skipped and counted. A DeleteCitation (PMIDs
+        taken out of PubMed) is counted, not read. A stream: iterparse builds the tree a read
+        (16 KB) at a time and every child of the root is cleared once read, so memory holds a
+        read's articles, whatever the file's size (a baseline file: up to 30,000 articles)."""
         events = ET.iterparse(data, events=("start", "end"))
         _, root = next(events)
         if root.tag != "PubmedArticleSet":
-            fail(f"{path} is not PubMed XML (its root is <{root.tag}>, not <PubmedArticleSet>); give NLM's files")
+            fail(f"{path} is not PubMed XML (its root is <{root.tag}>, not <PubmedArticleSet>); "
+                 "give NLM's files")
         depth = 1
         for event, elem in events:
             depth += 1 if event == "start" else -1
@@ -229,17 +281,27 @@ class Corpus:
         self.bar.update(raw.tell() - done)
 
 
+def element_text(elem):
+    """An element's text, inline markup included, cleaned; "" for no element."""
+    return clean("".join(elem.itertext())) if elem is not None else ""
+
+
 def pubmed_document(record):
-    """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one document, or "" if it
-    has no abstract text; a PubmedBookArticle's book title, chapter title (a whole book has none) and abstract, the
-    same way. Inline markup (<i>, <sup>, <b>, ...) stays as its text (itertext); OtherAbstract (a translation) is
-    left out. A structured abstract keeps its section labels as text, "METHODS: ...", as PubMed shows it: without
-    them the sections run together into prose the authors did not write ("UNLABELLED" is no label)."""
-    text = lambda elem: clean("".join(elem.itertext())) if elem is not None else ""
+    """A PubmedArticle's title and abstract (Abstract's AbstractText elements, in order) as one
+    document, or "" if it has no abstract text; a PubmedBookArticle's book title, chapter title (a
+    whole book has none) and abstract, the same way. Inline markup (<i>, <sup>, <b>, ...) stays as
+    its text (itertext); OtherAbstract (a translation) is left out. A structured abstract keeps its
+    section labels as text, "METHODS: ...", as PubMed shows it: without them the sections run
+    together into prose the authors did not write ("UNLABELLED" is no label)."""
     article = "BookDocument" if record.tag == "PubmedBookArticle" else "MedlineCitation/Article"
-    sections = [(s.get("Label"), text(s)) for s in record.iterfind(f"{article}/Abstract/AbstractText")]
-    abstract = [f"{label}: {body}" if label and label != "UNLABELLED" else body for label, body in sections if body]
-    titles = [text(record.find(f"{article}/{t}")) for t in ("Book/BookTitle", "ArticleTitle")]
+    abstract = []
+    for section in record.iterfind(f"{article}/Abstract/AbstractText"):
+        label = section.get("Label")
+        body = element_text(section)
+        if body:
+            abstract.append(f"{label}: {body}" if label and label != "UNLABELLED" else body)
+    titles = [element_text(record.find(f"{article}/{title}"))
+              for title in ("Book/BookTitle", "ArticleTitle")]
     return clean(" ".join(titles + abstract)) if abstract else ""
 
 
@@ -276,12 +338,13 @@ def special_ids(tokenizer):
 
 
 def get_tokenizer(tokenizer_path, train_sample, vocab_size):
-    """The given tokenizer.json, or one trained on train_sample -> (tokenizer, special ids, file bytes)."""
+    """The given tokenizer.json, or one trained on train_sample -> (tokenizer, special ids, file
+    bytes)."""
     if tokenizer_path:
         if os.path.isdir(tokenizer_path):
             fail(f"--tokenizer {tokenizer_path} is a directory; give the tokenizer.json file in it")
         if not os.path.isfile(tokenizer_path):
-            fail(f"tokenizer file not found: {tokenizer_path} (check the --tokenizer path)")
+            fail(f"tokenizer file not found: {tokenizer_path}; check the --tokenizer path")
         tokenizer = load_tokenizer(tokenizer_path)
         with open(tokenizer_path, "rb") as f:
             return tokenizer, special_ids(tokenizer), f.read()
@@ -295,13 +358,15 @@ def count_documents(path, group_tokens):
     """(documents, characters) of one input file: pass 1's work in a worker process."""
     n_docs = n_chars = 0
     for doc in Corpus([path], group_tokens):
-        n_docs, n_chars = n_docs + 1, n_chars + len(doc)
+        n_docs += 1
+        n_chars += len(doc)
     return n_docs, n_chars
 
 
 def first_documents(docs, sample_chars):
     """[(index, doc)] from the start of docs while fewer than sample_chars characters are taken."""
-    sample, n_chars = [], 0
+    sample = []
+    n_chars = 0
     for i, doc in enumerate(docs) if sample_chars else ():
         sample.append((i, doc))
         n_chars += len(doc)
@@ -324,13 +389,15 @@ def survey(docs, sample_chars):
                 sample.append((n_docs - 1, doc))
             n_chars += len(doc)
         return n_docs, n_chars, sample
-    workers = ProcessPoolExecutor(min(len(docs.files), os.cpu_count()), mp_context=get_context("fork"))
+    n_workers = min(len(docs.files), os.cpu_count())
+    workers = ProcessPoolExecutor(n_workers, mp_context=get_context("fork"))
     try:  # results in input order: the first bad file fails first, as in one serial read
         counts = workers.map(count_documents, docs.files, repeat(docs.group_tokens))
         sample = first_documents(Corpus(docs.files, docs.group_tokens), sample_chars)
         n_docs = n_chars = 0
         for path, (n, chars) in zip(docs.files, counts):
-            n_docs, n_chars = n_docs + n, n_chars + chars
+            n_docs += n
+            n_chars += chars
             if docs.bar is not None:
                 docs.bar.update(os.path.getsize(path))
         return n_docs, n_chars, sample
@@ -349,8 +416,8 @@ def split_order(n_docs, val_fraction, seed):
 
 
 def encoded_batches(tokenizer, docs, cls_id, sep_id, dtype):
-    """Yield (documents, token counts, [CLS] doc [SEP] ... tokens) batch by batch, in input order. The
-    tokenizer's threads encode one batch while this thread reads and cleans the next."""
+    """Yield (documents, token counts, [CLS] doc [SEP] ... tokens) batch by batch, in input order.
+    The tokenizer's threads encode one batch while this thread reads and cleans the next."""
     def encode(batch):
         # add_special_tokens=False: a real tokenizer.json (ModernBERT's) has a
         # post-processor that would add a second CLS/SEP pair.
@@ -359,10 +426,14 @@ def encoded_batches(tokenizer, docs, cls_id, sep_id, dtype):
         lengths = np.fromiter(map(len, encodings), np.int64, len(encodings)) + 2
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        tokens, edge = np.empty(int(ends[-1]), dtype), np.zeros(int(ends[-1]), bool)
-        tokens[starts], tokens[ends - 1] = cls_id, sep_id  # whole-array writes, not a Python
-        edge[starts] = edge[ends - 1] = True               # loop over every token
-        tokens[~edge] = np.fromiter(chain.from_iterable(e.ids for e in encodings), dtype, len(tokens) - 2 * len(batch))
+        # Whole-array writes, not a Python loop over every token.
+        tokens = np.empty(int(ends[-1]), dtype)
+        tokens[starts] = cls_id
+        tokens[ends - 1] = sep_id
+        edge = np.zeros(int(ends[-1]), bool)
+        edge[starts] = edge[ends - 1] = True
+        ids = chain.from_iterable(e.ids for e in encodings)
+        tokens[~edge] = np.fromiter(ids, dtype, len(tokens) - 2 * len(batch))
         return batch, lengths, tokens
 
     docs = iter(docs)
@@ -381,7 +452,9 @@ class Spool:
     into the final file's temp in the split's shuffled order."""
 
     def __init__(self, path):
-        self.path, self.file, self.sizes = path, open(path, "wb"), []
+        self.path = path
+        self.file = open(path, "wb")
+        self.sizes = []
 
     def add(self, data, sizes):
         self.file.write(data)
@@ -396,20 +469,22 @@ class Spool:
         with open(self.path, "rb") as src, open(dst, "wb") as out:
             for i in range(0, len(ranks), chunk):
                 pick = ranks[i:i + chunk]
-                out.write(b"".join(os.pread(src.fileno(), n, at)
-                                   for n, at in zip(sizes[pick].tolist(), starts[pick].tolist())))
+                places = zip(sizes[pick].tolist(), starts[pick].tolist())
+                out.write(b"".join(os.pread(src.fileno(), n, at) for n, at in places))
             out.flush()
             os.fsync(out.fileno())
         os.remove(self.path)
 
 
 def temp_path(out_dir, name, kind="tmp"):
-    """Where `name` is written before its rename: hidden, and named after this process (as atomic_write)."""
+    """Where `name` is written before its rename: hidden, and named after this process (as
+    atomic_write)."""
     return os.path.join(out_dir, f".{name}.{kind}{os.getpid()}")
 
 
 OUTPUTS = ("tokenizer.json", "train.bin", "val.bin", "val.txt", "train_counts.npy", "meta.json")
-TEMP_NAME = re.compile(r"\.(%s)\.(tmp|spool|new)\d+(\.tmp\d+)?" % "|".join(map(re.escape, OUTPUTS)))
+TEMP_NAME = re.compile(r"\.(%s)\.(tmp|spool|new)\d+(\.tmp\d+)?"
+                       % "|".join(map(re.escape, OUTPUTS)))
 
 
 def remove_temp_files(out_dir):
@@ -423,15 +498,20 @@ def write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar):
     train.bin, val.bin and val.txt in the split's order under temp names -> (temp names, stats)."""
     is_val = np.zeros(len(order), dtype=bool)
     is_val[order[:n_val]] = True
-    spools = {name: Spool(temp_path(out_dir, name, "spool")) for name in ("train.bin", "val.bin", "val.txt")}
-    counts, itemsize, n = np.zeros(tokenizer.get_vocab_size(), np.int64), np.dtype(dtype).itemsize, 0
-    for batch, lengths, tokens in encoded_batches(tokenizer, docs, ids["[CLS]"], ids["[SEP]"], dtype):
+    spools = {name: Spool(temp_path(out_dir, name, "spool"))
+              for name in ("train.bin", "val.bin", "val.txt")}
+    counts = np.zeros(tokenizer.get_vocab_size(), np.int64)
+    itemsize = np.dtype(dtype).itemsize
+    n = 0
+    batches = encoded_batches(tokenizer, docs, ids["[CLS]"], ids["[SEP]"], dtype)
+    for batch, lengths, tokens in batches:
         val = is_val[n:n + len(batch)]
         n += len(batch)
         in_val = np.repeat(val, lengths)
         train = tokens[~in_val]
         spools["train.bin"].add(train.tobytes(), lengths[~val] * itemsize)
-        batch_counts = np.bincount(train, minlength=len(counts))  # longer if an id is >= the vocab size
+        # longer than counts if an id is >= the vocab size
+        batch_counts = np.bincount(train, minlength=len(counts))
         counts = np.pad(counts, (0, len(batch_counts) - len(counts))) + batch_counts
         if val.any():
             spools["val.bin"].add(tokens[in_val].tobytes(), lengths[val] * itemsize)
@@ -440,81 +520,132 @@ def write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar):
         bar.update(sum(map(len, batch)))
     bar.close()
     written = {}
-    for name, member, part in (("train.bin", ~is_val, order[n_val:]), ("val.bin", is_val, order[:n_val]),
-                               ("val.txt", is_val, order[:n_val])):
+    splits = (("train.bin", ~is_val, order[n_val:]),
+              ("val.bin", is_val, order[:n_val]),
+              ("val.txt", is_val, order[:n_val]))
+    for name, member, part in splits:
         # A document's place in its spool: how many of its split come before it in the input
         # (4-byte counts: part picks members only, so the count is >= 1 there).
         written[name] = temp_path(out_dir, name)
         spools[name].copy_in_order(np.cumsum(member, dtype=np.uint32)[part] - 1, written[name])
-    sizes = {split: int(spools[f"{split}.bin"].sizes[0].sum(dtype=np.uint64)) // itemsize for split in ("train", "val")}
+    sizes = {split: int(spools[f"{split}.bin"].sizes[0].sum(dtype=np.uint64)) // itemsize
+             for split in ("train", "val")}
     return written, counts, sizes
 
 
 def prepare(docs, out_dir, tokenizer_path=None, vocab_size=8192, val_fraction=0.005, seed=42,
             source="documents", tokenizer_sample_mb=TOKENIZER_SAMPLE_MB):
-    """Split docs (a list of strings or a Corpus), get a tokenizer, write the token streams; return the meta dict."""
-    if os.path.isfile(out_dir):
-        fail(f"--out_dir {out_dir} is a file; give a directory (it is created if missing)")
+    """Split docs (a list of strings or a Corpus), get a tokenizer, write the token streams; return
+    the meta dict."""
+    check_out_dir(out_dir)
     if isinstance(docs, (list, tuple)):  # already in memory: clean once here
         docs = [d for d in map(clean, docs) if d]
-    if isinstance(docs, Corpus):
-        docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **BAR)
-    try:
-        n_docs, n_chars, sample = survey(docs, 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6))
-    finally:  # cleared, also before an error's one line
-        if isinstance(docs, Corpus):
-            docs.bar = docs.bar.close()  # pass 2 has its own bar
-    if n_docs == 0 and isinstance(docs, Corpus):  # only PubMed files can be without documents, see Corpus
-        fail(f"no PubmedArticle or PubmedBookArticle with an abstract in the {len(docs.files)} input file(s); "
-             "give PubMed XML with abstracts")
-    if n_docs < 2:
-        fail(f"need at least 2 documents (one for train, one for val), got {n_docs}; give more input")
+    sample_chars = 0 if tokenizer_path else int(tokenizer_sample_mb * 10 ** 6)
+    n_docs, n_chars, sample = read_input(docs, sample_chars)
     if not 0 < val_fraction < 1:
         fail(f"val_fraction must be between 0 and 1, got {val_fraction}")
     order, n_val = split_order(n_docs, val_fraction, seed)
     val_ids = set(order[:n_val].tolist()) if sample else set()
     # Train on the train split only, so val text stays truly unseen.
-    tokenizer, ids, data = get_tokenizer(tokenizer_path, [d for i, d in sample if i not in val_ids], vocab_size)
-    del sample, val_ids
-    os.makedirs(out_dir, exist_ok=True)  # the first write: the input and the tokenizer are known good
-    remove_temp_files(out_dir)  # a rerun starts clean: an interrupted run's temp files go
+    train_sample = [d for i, d in sample if i not in val_ids]
+    tokenizer, ids, data = get_tokenizer(tokenizer_path, train_sample, vocab_size)
+    del sample, val_ids, train_sample
     n_vocab = tokenizer.get_vocab_size()
     dtype = np.uint16 if n_vocab <= 2 ** 16 else np.uint32
     bar = tqdm(total=n_chars, desc="prepare: tokenizing", **BAR)
-    try:
-        written, counts, n_tokens = write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar)
-        stage(out_dir, written, "train_counts.npy", lambda f: np.save(f, counts))
-        tok_out = os.path.join(out_dir, "tokenizer.json")
-        if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
-            stage(out_dir, written, "tokenizer.json", lambda f: f.write(data))
-        meta = {
-            "vocab_size": n_vocab,
-            "dtype": np.dtype(dtype).name,
-            "pad_token_id": ids["[PAD]"],
-            "unk_token_id": ids["[UNK]"],
-            "cls_token_id": ids["[CLS]"],
-            "sep_token_id": ids["[SEP]"],
-            "mask_token_id": ids["[MASK]"],
-            "eos_token_id": ids["[SEP]"],  # SEP ends each document in the stream
-            "tokenizer": "tokenizer.json",
-            "n_train_tokens": n_tokens["train"],
-            "n_val_tokens": n_tokens["val"],
-            "n_train_docs": n_docs - n_val,
-            "n_val_docs": n_val,
-            "source": source,
-            "n_chars": n_chars,  # of cleaned text, read by the tokenizer
-            "train_counts": "train_counts.npy",  # detour.py's unigram baseline and vocabulary check
-            "max_train_token_id": int(np.flatnonzero(counts)[-1]),
-        }
-        if isinstance(docs, Corpus) and any(format_of(f) == ".xml" for f in docs.files):  # pass 2's counts
-            meta.update(n_articles=docs.counts["articles"], n_books=docs.counts["books"],
-                        n_articles_without_abstract=docs.skipped,  # articles and books not made documents
-                        n_deleted_citations=docs.counts["deleted"],
-                        n_files_without_articles=docs.counts["files_without_articles"])
-        commit(out_dir, written, json.dumps(meta, indent=2) + "\n")
-    finally:
-        remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
+    with writing(out_dir):
+        # The first write: the input and the tokenizer are known good.
+        os.makedirs(out_dir, exist_ok=True)
+        remove_temp_files(out_dir)  # a rerun starts clean: an interrupted run's temp files go
+        try:
+            splits = write_splits(tokenizer, ids, dtype, docs, order, n_val, out_dir, bar)
+            written, counts, n_tokens = splits
+            stage(out_dir, written, "train_counts.npy", lambda f: np.save(f, counts))
+            tok_out = os.path.join(out_dir, "tokenizer.json")
+            if not tokenizer_path or os.path.abspath(tokenizer_path) != os.path.abspath(tok_out):
+                stage(out_dir, written, "tokenizer.json", lambda f: f.write(data))
+            meta = metadata(ids, n_vocab, dtype, n_tokens, n_docs, n_val, n_chars, counts, source)
+            meta.update(counted(docs))
+            commit(out_dir, written, json.dumps(meta, indent=2) + "\n")
+        finally:
+            bar.close()  # before an error's one line
+            remove_temp_files(out_dir)  # what a failure left behind; a finished run left nothing
     return meta
+
+
+def check_out_dir(out_dir):
+    """Fail before pass 1 on an --out_dir that cannot be a directory: a file, or a path under
+    one."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"--out_dir {out_dir} is a file; give a directory (it is created if missing)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.isdir(parent):  # the root is a directory: this ends
+        if os.path.exists(parent):
+            fail(f"--out_dir {out_dir} is under {parent}, which is a file; "
+                 "give a directory path (it is created if missing)")
+        parent = os.path.dirname(parent)
+
+
+@contextmanager
+def writing(out_dir):
+    """An OSError while out_dir is written (a read-only directory, a full disk) is the one-line
+    error naming it; what was there stays, as after any failure (see commit)."""
+    try:
+        yield
+    except OSError as e:
+        fail(f"cannot write to {out_dir} ({e.strerror}: {e.filename or out_dir}); "
+             "give an --out_dir you can write to, with room for the dataset")
+
+
+def read_input(docs, sample_chars):
+    """Pass 1 (survey), with its progress bar, and its verdict: at least 2 documents."""
+    if isinstance(docs, Corpus):
+        docs.bar = tqdm(total=docs.size(), desc="prepare: reading", **BAR)
+    try:
+        n_docs, n_chars, sample = survey(docs, sample_chars)
+    finally:  # cleared, also before an error's one line
+        if isinstance(docs, Corpus):
+            docs.bar = docs.bar.close()  # pass 2 has its own bar
+    if n_docs == 0 and isinstance(docs, Corpus):  # only PubMed files can be without documents
+        fail(f"no PubmedArticle or PubmedBookArticle with an abstract in the {len(docs.files)} "
+             "input file(s); give PubMed XML with abstracts")
+    if n_docs < 2:
+        fail(f"need at least 2 documents (one for train, one for val), got {n_docs}; "
+             "give more input")
+    return n_docs, n_chars, sample
+
+
+def metadata(ids, n_vocab, dtype, n_tokens, n_docs, n_val, n_chars, counts, source):
+    """meta.json, but for PubMed XML's counts (see counted)."""
+    return {
+        "vocab_size": n_vocab,
+        "dtype": np.dtype(dtype).name,
+        "pad_token_id": ids["[PAD]"],
+        "unk_token_id": ids["[UNK]"],
+        "cls_token_id": ids["[CLS]"],
+        "sep_token_id": ids["[SEP]"],
+        "mask_token_id": ids["[MASK]"],
+        "eos_token_id": ids["[SEP]"],  # SEP ends each document in the stream
+        "tokenizer": "tokenizer.json",
+        "n_train_tokens": n_tokens["train"],
+        "n_val_tokens": n_tokens["val"],
+        "n_train_docs": n_docs - n_val,
+        "n_val_docs": n_val,
+        "source": source,
+        "n_chars": n_chars,  # of cleaned text, read by the tokenizer
+        "train_counts": "train_counts.npy",  # detour.py's unigram baseline and vocabulary check
+        "max_train_token_id": int(np.flatnonzero(counts)[-1]),
+    }
+
+
+def counted(docs):
+    """For PubMed XML input, meta.json's counts of pass 2's read; else nothing."""
+    if not (isinstance(docs, Corpus) and any(format_of(f) == ".xml" for f in docs.files)):
+        return {}
+    return dict(n_articles=docs.counts["articles"], n_books=docs.counts["books"],
+                n_articles_without_abstract=docs.skipped,  # articles and books not made documents
+                n_deleted_citations=docs.counts["deleted"],
+                n_files_without_articles=docs.counts["files_without_articles"])
 
 
 def stage(out_dir, written, name, write_fn):
@@ -537,30 +668,44 @@ def commit(out_dir, written, meta_text):
 
 def arguments():
     """The command line; every option's help names its default."""
-    p = argparse.ArgumentParser(description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
+    p = argparse.ArgumentParser(
+        description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
     p.add_argument("--input", nargs="+", action="extend",
-                   help=".txt (one document per line), .jsonl ({\"text\": ...} per line) or NLM's PubMed .xml (a "
-                        "PubmedArticle's title and abstract per document, a PubmedBookArticle's book and chapter "
-                        "titles and abstract), each maybe .gz; several files, a directory of one format's files "
-                        "(shards), or a quoted glob pattern (default: none, generate a corpus with world.py)")
+                   help=".txt (one document per line), .jsonl ({\"text\": ...} per line) or "
+                        "NLM's PubMed .xml (a PubmedArticle's title and abstract per document, "
+                        "a PubmedBookArticle's book and chapter titles and abstract), each maybe "
+                        ".gz; several files, a directory of one format's files (shards), or a "
+                        "quoted glob pattern (default: none, generate a corpus with world.py)")
     p.add_argument("--group_tokens", type=int, default=None,
-                   help="for .txt: join consecutive lines into documents of about N words (default: none, a line each)")
-    p.add_argument("--name", default="default", help="output goes to data/NAME/ (default: %(default)s)")
-    p.add_argument("--out_dir", default=None, help="output directory, instead of data/NAME/ (default: none)")
+                   help="for .txt: join consecutive lines into documents of about N words "
+                        "(default: none, a line each)")
+    p.add_argument("--name", default="default",
+                   help="output goes to data/NAME/ (default: %(default)s)")
+    p.add_argument("--out_dir", default=None,
+                   help="output directory, instead of data/NAME/ (default: none)")
     p.add_argument("--tokenizer", default=None,
-                   help="use this tokenizer.json (default: none, train one of --vocab_size on the input)")
-    p.add_argument("--vocab_size", type=int, default=8192, help="size of the trained tokenizer (default: %(default)s)")
+                   help="use this tokenizer.json (default: none, train one of --vocab_size on the "
+                        "input)")
+    p.add_argument("--vocab_size", type=int, default=8192,
+                   help="size of the trained tokenizer (default: %(default)s)")
     p.add_argument("--tokenizer_sample_mb", type=float, default=TOKENIZER_SAMPLE_MB,
-                   help="a trained tokenizer learns from the train documents among the input's first N MB "
-                        "(default: %(default)s)")
+                   help="a trained tokenizer learns from the train documents among the input's "
+                        "first N MB (default: %(default)s)")
     p.add_argument("--val_fraction", type=float, default=0.005,
                    help="fraction of documents held out (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=42, help="shuffle seed for the train/val split (default: %(default)s)")
-    p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS, help="generated documents (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=42,
+                   help="shuffle seed for the train/val split (default: %(default)s)")
+    p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS,
+                   help="generated documents (default: %(default)s)")
     p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED,
                    help="seed of the generated corpus (default: %(default)s)")
-    p.error = lambda message: fail(f"{message}; see python data/prepare.py --help")  # argparse's own: exit 2, 2 lines
+    p.error = usage_error
     return p
+
+
+def usage_error(message):
+    """argparse's error, as the one line of every other (argparse's own: exit 2, two lines)."""
+    fail(f"{message}; see python data/prepare.py --help")
 
 
 def main(argv=None):
@@ -575,16 +720,23 @@ def main(argv=None):
         docs = world.corpus(args.n_docs, args.world_seed)
         source = f"generated:world.corpus({args.n_docs}, {args.world_seed})"
     out_dir = args.out_dir or os.path.join(HERE, args.name)
-    meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed, source,
-                   args.tokenizer_sample_mb)
-    print(f"prepare.py: {meta['n_train_docs']:,} train + {meta['n_val_docs']:,} val docs, "
-          f"{meta['n_train_tokens']:,} train + {meta['n_val_tokens']:,} val tokens, "
-          f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} in {time.time() - t0:.1f} s, "
-          f"{meta['n_chars'] / 1e6 / (time.time() - t0):.2f} MB/s"
-          + (f"; PubMed XML: {meta['n_articles']:,} articles and {meta['n_books']:,} books read, "
-             f"{meta['n_articles_without_abstract']:,} without an abstract skipped, {meta['n_deleted_citations']:,} "
-             f"deleted citations, {meta['n_files_without_articles']:,} files without an article skipped"
-             if "n_articles" in meta else ""))
+    meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed,
+                   source, args.tokenizer_sample_mb)
+    print(summary(meta, out_dir, time.time() - t0))
+
+
+def summary(meta, out_dir, seconds):
+    """The line a finished run prints."""
+    line = (f"prepare.py: {meta['n_train_docs']:,} train + {meta['n_val_docs']:,} val docs, "
+            f"{meta['n_train_tokens']:,} train + {meta['n_val_tokens']:,} val tokens, "
+            f"vocab {meta['vocab_size']:,} ({meta['dtype']}) -> {out_dir} "
+            f"in {seconds:.1f} s, {meta['n_chars'] / 1e6 / seconds:.2f} MB/s")
+    if "n_articles" in meta:
+        line += (f"; PubMed XML: {meta['n_articles']:,} articles and {meta['n_books']:,} books "
+                 f"read, {meta['n_articles_without_abstract']:,} without an abstract skipped, "
+                 f"{meta['n_deleted_citations']:,} deleted citations, "
+                 f"{meta['n_files_without_articles']:,} files without an article skipped")
+    return line
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Task files: reading them (finetune.py's task format, and its --tasks list), and the embedded default tasks.
+"""Task files: reading them (finetune.py's task format, and its --tasks list), and the embedded
+default tasks.
 
 A task is a directory with train/dev/test files, read into plain dicts; every example keeps
 its file line, so errors point at it:
@@ -48,19 +49,38 @@ def _tsv_labels(cell):
     return items
 
 
+def _json_class(value):
+    return str(value) if isinstance(value, (str, int, bool)) else None
+
+
+def _json_labels(value):
+    if isinstance(value, list) and all(isinstance(x, (str, int)) for x in value):
+        return [str(x) for x in value]
+    return None
+
+
+def _json_number(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _tsv_cell(cell):
+    return cell
+
+
 LABELS = {
-    "cls": (lambda v: str(v) if isinstance(v, (str, int, bool)) else None, lambda cell: cell, "a string"),
-    "multilabel": (lambda v: [str(x) for x in v] if isinstance(v, list) and all(isinstance(x, (str, int)) for x in v)
-                   else None, _tsv_labels, "a list of strings"),
-    "regression": (lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None,
-                   _tsv_number, "a number"),
+    "cls": (_json_class, _tsv_cell, "a string"),
+    "multilabel": (_json_labels, _tsv_labels, "a list of strings"),
+    "regression": (_json_number, _tsv_number, "a number"),
 }
 
 
 def find_split(directory, split, exts):
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        fail(f"task directory {directory} is a file; give the directory that holds the split files")
     if not os.path.isdir(directory):
-        fail(f"task directory {directory} " + ("is a file; give the directory that holds the split files" if
-                                               os.path.exists(directory) else "not found; check the path in --tasks"))
+        fail(f"task directory {directory} not found; check the path in --tasks")
     for name in SPLIT_NAMES[split]:
         for ext in exts:
             p = os.path.join(directory, name + ext)
@@ -71,17 +91,20 @@ def find_split(directory, split, exts):
 
 
 def read_lines(path):
-    """The lines of a UTF-8 text file (as iterating over it gives them); anything else is a one-line error."""
+    """The lines of a UTF-8 text file (as iterating over it gives them); anything else is a one-line
+    error."""
     try:
         with open(path, encoding="utf-8") as f:
             return f.readlines()
     except UnicodeDecodeError as e:
-        fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); convert it (e.g. iconv -t utf-8)")
+        fail(f"{path} is not UTF-8 text (byte {e.object[e.start:e.start + 1]!r}); "
+             "convert it (e.g. iconv -t utf-8)")
 
 
 def read_conll(path):
     """CoNLL file -> [dict(words, tags, lines)]; `-DOCSTART-` lines are skipped."""
-    sents, cur = [], dict(words=[], tags=[], lines=[])
+    sents = []
+    cur = dict(words=[], tags=[], lines=[])
     for n, raw in enumerate(read_lines(path), 1):
         line = raw.strip()
         if not line or line.startswith("-DOCSTART-"):
@@ -103,7 +126,8 @@ def read_conll(path):
 
 
 def read_jsonl(path, kind):
-    """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as LABELS[kind] reads it."""
+    """JSONL file -> [dict(text, text_b, label, groups, line)]; the label as LABELS[kind] reads
+    it."""
     out = []
     for n, raw in enumerate(read_lines(path), 1):
         if not raw.strip():
@@ -116,9 +140,11 @@ def read_jsonl(path, kind):
         if not isinstance(d, dict):
             fail(f"{where}: expected a JSON object")
         if "text" in d:
-            text, text_b = d["text"], None
+            text = d["text"]
+            text_b = None
         elif "text_a" in d and "text_b" in d:
-            text, text_b = d["text_a"], d["text_b"]
+            text = d["text_a"]
+            text_b = d["text_b"]
         else:
             fail(f"{where}: missing field `text` (or `text_a` and `text_b`)")
         if "label" not in d:
@@ -127,7 +153,8 @@ def read_jsonl(path, kind):
             fail(f"{where}: text fields must be strings")
         label = LABELS[kind][0](d["label"])
         if label is None:
-            fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, got {d['label']!r}")
+            fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, "
+                 f"got {d['label']!r}")
         groups = d.get("group", [])
         out.append(dict(text=text, text_b=text_b, label=label,
                         groups=[groups] if isinstance(groups, str) else list(groups), line=n))
@@ -139,15 +166,21 @@ def read_jsonl(path, kind):
 def read_tsv(path, kind):
     """TSV with a header: text in `sentence` or `text` (pairs: `text_a`/`sentence1` and
     `text_b`/`sentence2`), label in `label` or `labels` (multilabel: comma-separated)."""
-    rows = [(n, line.rstrip("\n").split("\t")) for n, line in enumerate(read_lines(path), 1) if line.strip()]
+    rows = [(n, line.rstrip("\n").split("\t"))
+            for n, line in enumerate(read_lines(path), 1) if line.strip()]
     if len(rows) < 2:
         fail(f"{path} is empty (a header and at least one row are needed)")
     header = rows[0][1]
-    col = lambda *names: next((header.index(x) for x in names if x in header), None)
-    t, tb = col("sentence", "text", "text_a", "sentence1"), col("text_b", "sentence2")
+
+    def col(*names):  # the first of these columns in the header, or None
+        return next((header.index(x) for x in names if x in header), None)
+
+    t = col("sentence", "text", "text_a", "sentence1")
+    tb = col("text_b", "sentence2")
     lab = col("label", "labels", "score")
     if t is None or lab is None:
-        fail(f"{path}:1: header needs a `sentence` or `text` column and a `label` or `labels` column")
+        fail(f"{path}:1: header needs a `sentence` or `text` column "
+             "and a `label` or `labels` column")
     out = []
     for n, cells in rows[1:]:
         where = f"{path}:{n}"
@@ -171,30 +204,33 @@ def read_split(directory, split, kind):
 
 
 def read_task(name, kind, path, kinds, frozen=False):
-    """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py reads
-    every task first): every label must occur in the training split (the label set). `kinds`: finetune.py's
-    KINDS. -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
+    """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py
+    reads every task first): every label must occur in the training split (the label set). `kinds`:
+    finetune.py's KINDS. -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
     if kind not in kinds:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(kinds)})")
     K = kinds[kind]
     raw = {split: read_split(path, split, kind) for split in ("train", "dev", "test")}
     labels = K.label_set(raw["train"][1])
     known = set(labels)
+    what = "tag" if K.per_token else "label"
     for file, rows in raw.values():
         for ex in rows:
-            found = zip(ex["tags"], ex["lines"]) if K.per_token else [(lab, ex["line"]) for lab in K.gold(ex["label"])]
+            if K.per_token:
+                found = zip(ex["tags"], ex["lines"])
+            else:
+                found = [(lab, ex["line"]) for lab in K.gold(ex["label"])]
             for lab, n in found:
                 if lab not in known:
-                    fail(f"{file}:{n}: {'tag' if K.per_token else 'label'} {lab!r} does not occur in the training "
-                         "split")
+                    fail(f"{file}:{n}: {what} {lab!r} does not occur in the training split")
     if len(labels) < K.min_labels:
         fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
 
 
 def digest(paths):
-    """One SHA-256 of the files' bytes, read in 1 MiB blocks (memory flat in their size): a task's or a
-    checkpoint's identity, which finetune.py's cells record."""
+    """One SHA-256 of the files' bytes, read in 1 MiB blocks (memory flat in their size): a task's
+    or a checkpoint's identity, which finetune.py's cells record."""
     h = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as f:
@@ -204,18 +240,21 @@ def digest(paths):
 
 
 # ----------------------------------------------------------------------------------------
-# Encoding for finetune.py (p: its Protocol): the specials around the text's tokens; NER labels the
-# first sub-token of each word and ignores the rest, so a word is predicted once, from its first piece.
+# Encoding for finetune.py (p: its Protocol): the specials around the text's tokens; NER labels
+# the first sub-token of each word and ignores the rest, so a word is predicted once, from its first
+# piece.
 # ----------------------------------------------------------------------------------------
 def encode(p, tokenizer, text, text_b=None):
-    """A text, or a pair, as [CLS] a [SEP] (b [SEP]) in p.max_len tokens -> (ids, truncated). We add the
-    specials ourselves: a tokenizer's post-processor may or may not, and finetune.load_encoder checked
-    that its [CLS]/[SEP] ids are the model's."""
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    """A text, or a pair, as [CLS] a [SEP] (b [SEP]) in p.max_len tokens -> (ids, truncated). We
+    add the specials ourselves: a tokenizer's post-processor may or may not, and
+    finetune.load_encoder checked that its [CLS]/[SEP] ids are the model's."""
+    cls = tokenizer.token_to_id("[CLS]")
+    sep = tokenizer.token_to_id("[SEP]")
     a = tokenizer.encode(text, add_special_tokens=False).ids
     if text_b is None:
         return [cls] + a[:p.max_len - 2] + [sep], len(a) > p.max_len - 2
-    b, room = tokenizer.encode(text_b, add_special_tokens=False).ids, p.max_len - 3
+    b = tokenizer.encode(text_b, add_special_tokens=False).ids
+    room = p.max_len - 3
     truncated = len(a) + len(b) > room
     a = a[:room]              # the haystack (b) is cut first: the query (a) must survive
     return [cls] + a + [sep] + b[:room - len(a)] + [sep], truncated
@@ -224,24 +263,31 @@ def encode(p, tokenizer, text, text_b=None):
 def encode_words(p, tokenizer, words, tag_ids):
     """Words joined by spaces, tokenized as running text (as in pretraining); each word's first
     sub-token gets its tag, every other token IGNORE. -> (ids, target, mapped, truncated); mapped[w]
-    is False for a word with no token of its own (cut by max_len, or swallowed by a previous word's)."""
+    is False for a word with no token of its own (cut by max_len, or swallowed by a previous
+    word's)."""
     text = " ".join(words)
     enc = tokenizer.encode(text, add_special_tokens=False)
-    ids, offsets = enc.ids[:p.max_len - 2], enc.offsets[:p.max_len - 2]
+    ids = enc.ids[:p.max_len - 2]
     char_tok = [-1] * len(text)          # the first token that covers each character
-    for t, (s, e) in enumerate(offsets):
+    for t, (s, e) in enumerate(enc.offsets[:p.max_len - 2]):
         for ch in range(s, e):
             if char_tok[ch] < 0:
                 char_tok[ch] = t
-    target, mapped, last, start = [IGNORE] * len(ids), [], -1, 0
-    for word, tag in zip(words, tag_ids):  # start: the word's first character in text
+    target = [IGNORE] * len(ids)
+    mapped = []
+    last = -1  # the token of the last word mapped
+    start = 0  # the word's first character in text
+    for word, tag in zip(words, tag_ids):
         t = next((char_tok[ch] for ch in range(start, start + len(word)) if char_tok[ch] >= 0), -1)
         start += len(word) + 1
         mapped.append(t > last)
         if t > last:
-            target[t], last = tag, t
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, len(enc.ids) > p.max_len - 2
+            target[t] = tag
+            last = t
+    cls = tokenizer.token_to_id("[CLS]")
+    sep = tokenizer.token_to_id("[SEP]")
+    truncated = len(enc.ids) > p.max_len - 2
+    return [cls] + ids + [sep], [IGNORE] + target + [IGNORE], mapped, truncated
 
 
 
@@ -263,10 +309,12 @@ def parse_tasks(spec, tasks_dir, kinds):
         name, eq, rest = item.partition("=")
         kind, colon, path = rest.partition(":")
         if not (eq and colon and name and path):
-            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(kinds)}), or `default`")
+            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(kinds)}), "
+                 "or `default`")
         kind, _, mode = kind.partition("+")
         if kind not in kinds or mode not in ("", "probe"):
-            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} (one of {', '.join(kinds)}, optionally +probe)")
+            fail(f"task {name}: unknown kind {rest.split(':')[0]!r} "
+                 f"(one of {', '.join(kinds)}, optionally +probe)")
         if name == "average" or name in [t[0] for t in out]:
             fail(f"task name {name!r} is used twice or reserved; give every task its own name")
         out.append((name, kind, path, mode == "probe"))
@@ -303,11 +351,13 @@ def _sizes(text, name):
 
 def _unique(make, n, seen):
     """n examples from make() whose text is new: not in pretraining, not in another split."""
-    out, tries = [], 0
+    out = []
+    tries = 0
     while len(out) < n:
         tries += 1
         if tries > 50 * n + 1000:
-            fail(f"could not draw {n} default-task examples unseen in pretraining; lower the task sizes")
+            fail(f"could not draw {n} default-task examples unseen in pretraining; "
+                 "lower the task sizes")
         ex, text = make()
         if text in seen["pretrain"]:
             seen["dropped"] += 1
@@ -324,7 +374,8 @@ def needle_example(rng, length, position, present):
     it only in its slot values, the drug and dose (absent)."""
     template = "Patient {ID} was prescribed {DRUG} {DOSE} ."
     pid = str(rng.randint(1000, 9999))
-    drug, dose = rng.choice(world.DRUGS), rng.choice(world.DOSES)
+    drug = rng.choice(world.DRUGS)
+    dose = rng.choice(world.DOSES)
     query, _ = world.render(template, rng, {"ID": pid, "DRUG": drug, "DOSE": dose})
     if not present:
         drug = rng.choice([d for d in world.DRUGS if d != drug])
@@ -336,23 +387,28 @@ def needle_example(rng, length, position, present):
     # end the filler on a sentence boundary so the fact is never spliced into a sentence
     ends = [i + 1 for i, w in enumerate(filler[:length]) if w == "."]
     filler = filler[:ends[-1] if ends else length]
-    ends = [i + 1 for i, w in enumerate(filler) if w == "."]
-    at = {"start": 0, "end": len(filler),
-          "middle": min(ends or [len(filler) // 2], key=lambda i: abs(i - len(filler) // 2))}[position]
+    if position == "start":
+        at = 0
+    elif position == "end":
+        at = len(filler)
+    else:  # middle: the sentence boundary nearest the middle
+        ends = [i + 1 for i, w in enumerate(filler) if w == "."]
+        at = min(ends or [len(filler) // 2], key=lambda i: abs(i - len(filler) // 2))
     haystack = filler[:at] + fact + filler[at:]
     return dict(text_a=" ".join(query), text_b=" ".join(haystack),
                 label="present" if present else "absent", group=[position, f"{length} words"])
 
 
-def split_files(rng, split, seen, task_seed, ner_sizes, notes_sizes, needle_per_cell, needle_lengths,
-                needle_positions):
+def split_files(rng, split, seen, task_seed, ner_sizes, notes_sizes, needle_per_cell,
+                needle_lengths, needle_positions):
     """One split of the three tasks -> {(task, file name): text}; `seen` tracks used texts."""
     def ner_one():
         words, tags = world.sentence(rng)
         return (words, tags), " ".join(words)
     sents = _unique(ner_one, _sizes(ner_sizes, "ner_sizes")[split], seen)
-    written = {("ner", split + ".tsv"): "\n\n".join(
-        "\n".join(f"{w}\t{t}" for w, t in zip(words, tags)) for words, tags in sents) + "\n"}
+    sentences = ("\n".join(f"{w}\t{t}" for w, t in zip(words, tags)) for words, tags in sents)
+    conll = "\n\n".join(sentences)
+    written = {("ner", split + ".tsv"): conll + "\n"}
 
     def note_one():
         text, note_type = world.note(rng)
@@ -371,29 +427,37 @@ def split_files(rng, split, seen, task_seed, ner_sizes, notes_sizes, needle_per_
 
 
 def build_default_tasks(p):
-    """Write the default tasks (ner, notes, needle) under p.tasks_dir unless they are there already with
-    the same recipe (spec.json), or p.rebuild_tasks; p: finetune.py's Protocol. Returns the directory."""
-    directory, pretrain_dir, task_seed = p.tasks_dir, p.pretrain_dir, p.task_seed
-    meta_path, pretrain = os.path.join(pretrain_dir, "meta.json"), None
+    """Write the default tasks (ner, notes, needle) under p.tasks_dir unless they are there already
+    with the same recipe (spec.json), or p.rebuild_tasks; p: finetune.py's Protocol. Returns the
+    directory."""
+    directory = p.tasks_dir
+    pretrain_dir = p.pretrain_dir
+    meta_path = os.path.join(pretrain_dir, "meta.json")
+    pretrain = None
     if os.path.exists(meta_path):
-        pretrain = read_json(meta_path, fix="re-run data/prepare.py or point --pretrain_dir elsewhere").get("source")
-    recipe = {k: getattr(p, k) for k in ("task_seed", "ner_sizes", "notes_sizes", "needle_per_cell", "needle_lengths",
-                                         "needle_positions")}
+        fix = "re-run data/prepare.py or point --pretrain_dir elsewhere"
+        pretrain = read_json(meta_path, fix=fix).get("source")
+    recipe = {k: getattr(p, k) for k in ("task_seed", "ner_sizes", "notes_sizes", "needle_per_cell",
+                                         "needle_lengths", "needle_positions")}
+    # A new pretraining corpus means new overlaps to drop.
     spec = dict(version=1, **recipe, pretrain_dir=os.path.abspath(pretrain_dir),
-                pretrain_source=pretrain)  # a new pretraining corpus means new overlaps to drop
+                pretrain_source=pretrain)
     spec_path = os.path.join(directory, "spec.json")
     if not p.rebuild_tasks and os.path.exists(spec_path):
         if read_json(spec_path, fix="delete it or pass --rebuild_tasks true") == spec:
             return directory
-    print(f"building the default tasks in {directory} (seed {task_seed})")
+    print(f"building the default tasks in {directory} (seed {p.task_seed})")
     seen = dict(set=set(), pretrain=pretraining_text(pretrain_dir), dropped=0)
     written = {}
     for split_i, split in enumerate(("train", "dev", "test")):
-        rng = random.Random(task_seed * 10 + split_i)  # one stream per split: test never shifts with train sizes
+        # One stream per split: test never shifts with train sizes.
+        rng = random.Random(p.task_seed * 10 + split_i)
         written.update(split_files(rng, split, seen, **recipe))
-    written[("", "spec.json")] = json.dumps(spec, indent=1)  # last: its presence means the rest is there
+    # Last: its presence means the rest is there.
+    written[("", "spec.json")] = json.dumps(spec, indent=1)
     for (name, file), text in written.items():
         os.makedirs(os.path.join(directory, name), exist_ok=True)
         atomic_write(os.path.join(directory, name, file), lambda f: f.write(text.encode("utf-8")))
-    print(f"default tasks: {seen['dropped']} drawn examples dropped, seen verbatim in pretraining text")
+    print(f"default tasks: {seen['dropped']} drawn examples dropped, "
+          "seen verbatim in pretraining text")
     return directory

@@ -332,10 +332,12 @@ def _drug_labels():
             route = rng.choice(["intravenously", "subcutaneously"])
             freq = rng.choice(["every 2 weeks", "every 3 weeks", "every 4 weeks", "once monthly"])
         elif drug.startswith("insulin"):
-            unit, route = "IU", "subcutaneously"
+            unit = "IU"
+            route = "subcutaneously"
             freq = rng.choice(["once daily", "at bedtime", "before meals"])
         elif drug in _INHALED:
-            unit, route = "mcg", "by inhalation"
+            unit = "mcg"
+            route = "by inhalation"
             freq = rng.choice(["once daily", "twice daily", "every 6 hours", "as needed"])
         else:
             unit = rng.choice(["mg"] * 6 + ["mcg", "g", "mL"])
@@ -417,10 +419,12 @@ def _ratio(rng, below_one):
     # An effect estimate with a 95 % CI that excludes 1, on the stated side.
     if below_one:
         v = rng.uniform(0.35, 0.92)
-        low, high = v * rng.uniform(0.6, 0.9), v + (0.99 - v) * rng.uniform(0.2, 0.9)
+        low = v * rng.uniform(0.6, 0.9)
+        high = v + (0.99 - v) * rng.uniform(0.2, 0.9)
     else:
         v = rng.uniform(1.15, 3.2)
-        low, high = 1.01 + (v - 1.01) * rng.uniform(0.1, 0.8), v * rng.uniform(1.1, 1.6)
+        low = 1.01 + (v - 1.01) * rng.uniform(0.1, 0.8)
+        high = v * rng.uniform(1.1, 1.6)
     return f"{v:.2f} ( 95 % CI {low:.2f} - {high:.2f} )"
 
 
@@ -494,17 +498,23 @@ ENTITY_SLOTS = {"DRUG": "DRUG", "DISEASE": "DISEASE", "DOSE": "DOSE", "GENE": "G
 _NOTES = {
     "discharge summary": [
         (["HISTORY OF PRESENT ILLNESS :", "REASON FOR ADMISSION :"], [
-            "A {AGE}-year-old {SEX} with a history of {DISEASE2} presented with {SYMPTOM} [and {SYMPTOM2}] of {DAYS} duration .",
-            "The patient was admitted for <management|evaluation and treatment|further workup> of {DISEASE} [after presenting to the emergency department with {SYMPTOM}] .",
+            "A {AGE}-year-old {SEX} with a history of {DISEASE2} "
+                "presented with {SYMPTOM} [and {SYMPTOM2}] of {DAYS} duration .",
+            "The patient was admitted for <management|evaluation and treatment|further workup> "
+                "of {DISEASE} [after presenting to the emergency department with {SYMPTOM}] .",
             "{PRON} reported {SYMPTOM} for the past {DAYS} [despite taking {DRUG2} at home] .",
             "On arrival , blood pressure was {BP} , heart rate {PULSE} , and temperature {TEMP} .",
         ]),
         (["HOSPITAL COURSE :"], [
-            "{PRON} was started on {DRUG} {DOSE} {ROUTE} {FREQ} with <gradual|prompt|partial> improvement in {SYMPTOM} .",
+            "{PRON} was started on {DRUG} {DOSE} {ROUTE} {FREQ} "
+                "with <gradual|prompt|partial> improvement in {SYMPTOM} .",
             "Laboratory studies on admission showed {LAB} and {LAB2} .",
-            "{DRUG2} was <held|discontinued|reduced> because of <worsening renal function|hypotension|{SYMPTOM2}> .",
-            "The course was complicated by {DISEASE2} , which was treated with {DRUG3} [{DOSE3} {FREQ3}] .",
-            "{SPECIALTY} was consulted [on hospital day {K}] and agreed with <the current plan|continuing {DRUG}> .",
+            "{DRUG2} was <held|discontinued|reduced> because of "
+                "<worsening renal function|hypotension|{SYMPTOM2}> .",
+            "The course was complicated by {DISEASE2} , which "
+                "was treated with {DRUG3} [{DOSE3} {FREQ3}] .",
+            "{SPECIALTY} was consulted [on hospital day {K}] and "
+                "agreed with <the current plan|continuing {DRUG}> .",
         ]),
         (["DISCHARGE MEDICATIONS :", "MEDICATIONS ON DISCHARGE :"], [
             "{DRUG} {DOSE} {ROUTE} {FREQ} .",
@@ -516,7 +526,8 @@ _NOTES = {
             "Follow up with <primary care|{SPECIALTY}> in {WEEKS} [to reassess {DISEASE}] .",
             "Repeat {LABNAME} should be checked in {DAYS} .",
             "{PRON} was discharged home in <stable|good|fair> condition .",
-            "Return precautions for {SYMPTOM} [or {SYMPTOM2}] were reviewed with the patient [and family] .",
+            "Return precautions for {SYMPTOM} [or {SYMPTOM2}] "
+                "were reviewed with the patient [and family] .",
         ]),
     ],
     "progress note": [
@@ -524,18 +535,22 @@ _NOTES = {
             "{PRON} reports <improved|persistent|worsening> {SYMPTOM} since yesterday .",
             "No {SYMPTOM2} [or {SYMPTOM3}] overnight .",
             "Tolerating {DRUG} without <side effects|nausea|dizziness> .",
-            "{PRON} slept <poorly|well> and is <eating well|tolerating a regular diet|ambulating with assistance> .",
+            "{PRON} slept <poorly|well> and is <eating well|"
+                "tolerating a regular diet|ambulating with assistance> .",
         ]),
         (["OBJECTIVE :", "EXAM :"], [
-            "Vitals : BP {BP} , HR {PULSE} , T {TEMP} , SpO2 {SAT} on <room air|2 L nasal cannula> .",
+            "Vitals : BP {BP} , HR {PULSE} , T {TEMP} , "
+                "SpO2 {SAT} on <room air|2 L nasal cannula> .",
             "Labs this morning : {LAB} , {LAB2} [, {LAB3}] .",
             "Exam notable for <mild|moderate|trace> {EXAM} .",
             "Daily weight is <unchanged|down 1 kg|up 2 kg> [from yesterday] .",
         ]),
         (["ASSESSMENT :", "IMPRESSION AND ASSESSMENT :"], [
-            "{AGE}-year-old {SEX} with {DISEASE} [and {DISEASE2}] , <improving|stable|slowly improving|not yet at baseline> .",
+            "{AGE}-year-old {SEX} with {DISEASE} [and {DISEASE2}] , "
+                "<improving|stable|slowly improving|not yet at baseline> .",
             "{DISEASE} , <well controlled|partially controlled|poorly controlled> on {DRUG} .",
-            "{SYMPTOM} is <most likely|possibly> related to {DISEASE2} [versus an adverse effect of {DRUG2}] .",
+            "{SYMPTOM} is <most likely|possibly> related to "
+                "{DISEASE2} [versus an adverse effect of {DRUG2}] .",
         ]),
         (["PLAN :"], [
             "Continue {DRUG} {DOSE} {FREQ} .",
@@ -554,18 +569,23 @@ _NOTES = {
         (["TECHNIQUE :", "COMPARISON :"], [
             "{MODALITY} of the {REGION} was performed <with|without> intravenous contrast .",
             "Comparison is made to a prior {MODALITY2} from {MONTHS} ago .",
-            "Images were obtained in <axial|axial and coronal|multiple> planes [using a standard protocol] .",
+            "Images were obtained in <axial|axial and coronal|"
+                "multiple> planes [using a standard protocol] .",
             "No prior studies are available for comparison .",
         ]),
         (["FINDINGS :"], [
-            "There is a {SIZE} <nodule|mass|lesion|hypodensity> in the {SIDE} {SITE} [, previously {SIZE2}] .",
-            "The {SITE2} <is normal in size|demonstrates no focal abnormality|is mildly enlarged> .",
-            "No <pleural effusion|pneumothorax|free fluid|acute fracture|lymphadenopathy> is identified .",
+            "There is a {SIZE} <nodule|mass|lesion|hypodensity> "
+                "in the {SIDE} {SITE} [, previously {SIZE2}] .",
+            "The {SITE2} <is normal in size|"
+                "demonstrates no focal abnormality|is mildly enlarged> .",
+            "No <pleural effusion|pneumothorax|free fluid|"
+                "acute fracture|lymphadenopathy> is identified .",
             "<Mild|Moderate|Severe> {FINDING} [is noted] [in the {SIDE} {SITE}] .",
             "Multiple <enlarged|subcentimeter> lymph nodes [measuring up to {SIZE3}] are seen .",
         ]),
         (["IMPRESSION :"], [
-            "{SIZE} {SIDE} {SITE} <lesion|nodule|mass> , <suspicious for|compatible with|concerning for> {DISEASE} .",
+            "{SIZE} {SIDE} {SITE} <lesion|nodule|mass> , "
+                "<suspicious for|compatible with|concerning for> {DISEASE} .",
             "Findings <are consistent with|may represent|suggest> {FINDING} .",
             "No acute abnormality [of the {SITE2}] .",
             "Recommend follow-up {MODALITY} in {MONTHS} .",
@@ -579,14 +599,18 @@ _NOTES = {
             "Specimen obtained from a {AGE}-year-old {SEX} with a history of {DISEASE2} .",
         ]),
         (["GROSS DESCRIPTION :"], [
-            "The specimen consists of <a tan-white|a tan-pink|multiple gray> <fragment|portion of tissue> measuring {SIZE} in greatest dimension .",
-            "A {SIZE2} <firm|soft|well-circumscribed|ill-defined> lesion is identified {SIZE3} from the nearest margin .",
+            "The specimen consists of <a tan-white|a tan-pink|multiple gray> "
+                "<fragment|portion of tissue> measuring {SIZE} in greatest dimension .",
+            "A {SIZE2} <firm|soft|well-circumscribed|ill-defined> "
+                "lesion is identified {SIZE3} from the nearest margin .",
             "Representative sections are submitted in {K} cassettes .",
         ]),
         (["MICROSCOPIC DESCRIPTION :", "ANCILLARY STUDIES :"], [
-            "Sections show <infiltrating|sheets of|nests of> atypical cells with <marked|moderate> nuclear pleomorphism [and frequent mitoses] .",
+            "Sections show <infiltrating|sheets of|nests of> atypical cells "
+                "with <marked|moderate> nuclear pleomorphism [and frequent mitoses] .",
             "Tumor cells are positive for {MARKER} and negative for {MARKER2} .",
-            "Next-generation sequencing identified a pathogenic {GENE} variant {VARIANT} [with a variant allele frequency of {PCT}] .",
+            "Next-generation sequencing identified a pathogenic {GENE} "
+                "variant {VARIANT} [with a variant allele frequency of {PCT}] .",
             "The Ki-67 proliferation index is approximately {PCT} .",
             "<No|Extensive|Focal> lymphovascular invasion is identified .",
             "Mismatch repair proteins are <retained|lost> [by immunohistochemistry] .",
@@ -607,12 +631,14 @@ _NOTES = {
         (["ADHERENCE :"], [
             "Patient reports missing {K} doses of {DRUG} per week [because of {SYMPTOM}] .",
             "Pharmacy refill records show {PCT} adherence [over the past {MONTHS}] .",
-            "{PRON} <uses a pill organizer|relies on a family member for medications|sets phone reminders> .",
+            "{PRON} <uses a pill organizer|"
+                "relies on a family member for medications|sets phone reminders> .",
             "{PRON} stopped {DRUG2} {WEEKS} ago because of {SYMPTOM} .",
         ]),
         (["INTERACTIONS AND MONITORING :", "SAFETY :"], [
             "Combining {DRUG} and {DRUG2} <may increase the risk of|could worsen> {SYMPTOM} .",
-            "Most recent eGFR is {GFR} mL/min/1.73 m2 [and {LAB}] , so {DRUG} dosing was reviewed .",
+            "Most recent eGFR is {GFR} mL/min/1.73 m2 "
+                "[and {LAB}] , so {DRUG} dosing was reviewed .",
             "No clinically significant interactions were identified [with {DRUG2}] .",
             "{DRUG} requires monitoring of {LABNAME} every {MONTHS} .",
         ]),
@@ -620,7 +646,8 @@ _NOTES = {
             "Recommend <reducing|increasing> {DRUG} to {DOSE4} {FREQ} .",
             "Consider switching {DRUG2} to {DRUG3} [given {SYMPTOM}] .",
             "Discontinue {DRUG2} [and monitor for {SYMPTOM}] .",
-            "Discussed <the plan|these changes|the recommendations> with the <patient|prescriber|care team> .",
+            "Discussed <the plan|these changes|the recommendations> "
+                "with the <patient|prescriber|care team> .",
         ]),
     ],
 }
@@ -632,74 +659,109 @@ _NOTE_AREAS = {
 }
 
 _BACKGROUND = [
-    "{DISEASE} is a <leading cause of|major contributor to|common cause of> <morbidity and mortality|disability|hospitalization> [<worldwide|in older adults|among working-age adults>] .",
-    "{DRUG} is widely used for the treatment of {DISEASE} , but <its long-term effects remain unclear|its optimal dose remains uncertain|the mechanism of its benefit is poorly understood> .",
-    "Variants in {GENE} have been associated with <increased susceptibility to|earlier onset of|worse outcomes in> {DISEASE} .",
-    "Whether {DRUG} <improves outcomes|reduces {SYMPTOM}|slows disease progression> in patients with {DISEASE} is unknown .",
+    "{DISEASE} is a <leading cause of|major contributor to|common cause of> "
+        "<morbidity and mortality|disability|hospitalization> "
+        "[<worldwide|in older adults|among working-age adults>] .",
+    "{DRUG} is widely used for the treatment of {DISEASE} , but "
+        "<its long-term effects remain unclear|its optimal dose remains uncertain|"
+        "the mechanism of its benefit is poorly understood> .",
+    "Variants in {GENE} have been associated with <increased susceptibility to|"
+        "earlier onset of|worse outcomes in> {DISEASE} .",
+    "Whether {DRUG} <improves outcomes|reduces {SYMPTOM}|"
+        "slows disease progression> in patients with {DISEASE} is unknown .",
     "The prevalence of {DISEASE} has increased by {PCT} over the past {YEARS} .",
     "{GENE} regulates {PROCESS} [in the {ORGAN}] , a pathway implicated in {DISEASE} .",
     "Few studies have examined {DRUG} in patients with both {DISEASE} and {DISEASE2} .",
-    "We aimed to evaluate the <efficacy and safety|effectiveness|cost-effectiveness> of {DRUG} in <adults|patients|older adults> with {DISEASE} .",
+    "We aimed to evaluate the <efficacy and safety|effectiveness|"
+        "cost-effectiveness> of {DRUG} in <adults|patients|older adults> with {DISEASE} .",
 ]
 _CONCLUSION = [
     "{DRUG} <significantly|modestly> reduced {OUTCOME} in patients with {DISEASE} .",
-    "These findings <support|suggest> a role for {GENE} in {DISEASE} [and identify a potential therapeutic target] .",
-    "Larger <randomized trials|prospective studies> are needed to confirm these <findings|results> .",
+    "These findings <support|suggest> a role for {GENE} in "
+        "{DISEASE} [and identify a potential therapeutic target] .",
+    "Larger <randomized trials|prospective studies> "
+        "are needed to confirm these <findings|results> .",
     "{DRUG} <was well tolerated|had an acceptable safety profile> [at {DOSE}] .",
-    "<In conclusion|Overall|Taken together> , {DRUG} may be a <promising|reasonable|cost-effective> option for {DISEASE} .",
-    "Clinicians should monitor for {SYMPTOM} when prescribing {DRUG} [to patients with {DISEASE2}] .",
+    "<In conclusion|Overall|Taken together> , {DRUG} may be a "
+        "<promising|reasonable|cost-effective> option for {DISEASE} .",
+    "Clinicians should monitor for {SYMPTOM} when "
+        "prescribing {DRUG} [to patients with {DISEASE2}] .",
 ]
 # Study designs: an abstract uses one design for its methods and results.
 _DESIGNS = {
     "trial": dict(methods=[
-        "In this <randomized|double-blind|multicenter> , <placebo-controlled|open-label|active-controlled> trial , {N} patients with {DISEASE} were assigned to {DRUG} or <placebo|{DRUG2}|usual care> .",
+        "In this <randomized|double-blind|multicenter> , <placebo-controlled|open-label|"
+            "active-controlled> trial , {N} patients with {DISEASE} "
+            "were assigned to {DRUG} or <placebo|{DRUG2}|usual care> .",
         "Patients received {DRUG} {DOSE} {ROUTE} {FREQ} for {WEEKS} .",
         "The primary endpoint was <change in {LABNAME}|time to {OUTCOME}|{OUTCOME}> at {WEEKS} .",
-        "Eligible participants were aged {AGEMIN} to {AGEMAX} years [and had {DISEASE} for at least {YEARS}] .",
+        "Eligible participants were aged {AGEMIN} to {AGEMAX} "
+            "years [and had {DISEASE} for at least {YEARS}] .",
         "Randomization was stratified by <site|age and sex|baseline {LABNAME}> .",
     ], results=[
-        "A total of {N} participants were randomized ( {DRUG} , n = {N1} ; <placebo|control> , n = {N2} ) .",
+        "A total of {N} participants were randomized ( "
+            "{DRUG} , n = {N1} ; <placebo|control> , n = {N2} ) .",
         "{DRUG} reduced {OUTCOME} compared with control ( hazard ratio {RATIO_DOWN} ; {PVAL} ) .",
-        "The mean change in {LABNAME} was {DIFF} in the {DRUG} group versus {DIFF2} in the control group ( {PVAL} ) .",
+        "The mean change in {LABNAME} was {DIFF} in the {DRUG} "
+            "group versus {DIFF2} in the control group ( {PVAL} ) .",
         "There was no significant difference in {OUTCOME} between groups ( {PVAL_NS} ) .",
-        "Adverse events occurred in {PCT} of patients receiving {DRUG} and {PCT2} of those receiving <placebo|control> , most commonly {SYMPTOM} .",
-        "Treatment discontinuation due to {SYMPTOM} was reported in {K} patients [in the {DRUG} group] .",
+        "Adverse events occurred in {PCT} of patients receiving {DRUG} and "
+            "{PCT2} of those receiving <placebo|control> , most commonly {SYMPTOM} .",
+        "Treatment discontinuation due to {SYMPTOM} was "
+            "reported in {K} patients [in the {DRUG} group] .",
         "Response rates were {PCT} and {PCT2} , respectively ( odds ratio {RATIO_UP} ) .",
     ]),
     "cohort": dict(methods=[
-        "We conducted a <retrospective|prospective|population-based> cohort study of {N} <adults|patients|veterans|older adults> with {DISEASE} [treated between {YEAR} and {YEAR2}] .",
-        "Exposure to {DRUG} was ascertained from <pharmacy dispensing records|electronic health records|self-report questionnaires> .",
-        "Cox proportional hazards models estimated the association between {DRUG} use and {OUTCOME} [, adjusting for age , sex , and {DISEASE2}] .",
+        "We conducted a <retrospective|prospective|population-based> cohort study of {N} <adults|"
+            "patients|veterans|older adults> with {DISEASE} [treated between {YEAR} and {YEAR2}] .",
+        "Exposure to {DRUG} was ascertained from <pharmacy dispensing records|"
+            "electronic health records|self-report questionnaires> .",
+        "Cox proportional hazards models estimated the association between "
+            "{DRUG} use and {OUTCOME} [, adjusting for age , sex , and {DISEASE2}] .",
         "Participants were followed for a median of {MONTHS} .",
     ], results=[
-        "During follow-up , {EVENTS} <events|deaths|hospitalizations> occurred [among {N} participants] .",
-        "Use of {DRUG} was associated with a <lower|reduced> risk of {OUTCOME} ( adjusted hazard ratio {RATIO_DOWN} ) .",
-        "{DISEASE2} was associated with a higher risk of {OUTCOME} ( hazard ratio {RATIO_UP} ; {PVAL} ) .",
+        "During follow-up , {EVENTS} <events|deaths|"
+            "hospitalizations> occurred [among {N} participants] .",
+        "Use of {DRUG} was associated with a <lower|reduced> risk "
+            "of {OUTCOME} ( adjusted hazard ratio {RATIO_DOWN} ) .",
+        "{DISEASE2} was associated with a higher risk of "
+            "{OUTCOME} ( hazard ratio {RATIO_UP} ; {PVAL} ) .",
         "The mean age was {MEANAGE} years and {PCT} were women .",
-        "The association was <consistent|attenuated|stronger> in patients older than {AGEMAX} years ( {PVAL_NS} for interaction ) .",
+        "The association was <consistent|attenuated|stronger> in patients "
+            "older than {AGEMAX} years ( {PVAL_NS} for interaction ) .",
         "Results were similar in sensitivity analyses [excluding patients with {DISEASE2}] .",
     ]),
     "lab": dict(methods=[
         "{SPECIES} were treated with {DRUG} ( {DOSE5} ) or vehicle for {WEEKS} .",
-        "{CELL} cells were <transfected with siRNA targeting {GENE}|exposed to {DRUG}|cultured with increasing concentrations of {DRUG}> [for {HOURS}] .",
-        "<Western blotting|Quantitative PCR|Immunohistochemistry|RNA sequencing|Flow cytometry> was used to measure {GENE} expression [in the {ORGAN}] .",
-        "{GENE} knockout {SPECIES} were generated using <CRISPR-Cas9|homologous recombination|Cre-lox recombination> .",
+        "{CELL} cells were <transfected with siRNA targeting {GENE}|exposed to {DRUG}|"
+            "cultured with increasing concentrations of {DRUG}> [for {HOURS}] .",
+        "<Western blotting|Quantitative PCR|Immunohistochemistry|RNA sequencing|"
+            "Flow cytometry> was used to measure {GENE} expression [in the {ORGAN}] .",
+        "{GENE} knockout {SPECIES} were generated using <CRISPR-Cas9|"
+            "homologous recombination|Cre-lox recombination> .",
     ], results=[
         "{DRUG} reduced {GENE} expression by {PCT} [compared with vehicle] ( {PVAL} ) .",
         "Loss of {GENE} <increased|decreased> {PROCESS} in the {ORGAN} ( {PVAL} ) .",
         "Treated {SPECIES} showed {PCT} less {PROCESS} than controls .",
         "{GENE} expression did not differ between groups ( {PVAL_NS} ) .",
-        "These effects were <reversed|abolished|attenuated> by <co-treatment with {DRUG2}|{GENE2} overexpression> .",
-        "{DRUG} <dose-dependently|significantly> inhibited {PROCESS} in {CELL} cells [with an IC50 of {CONC}] .",
+        "These effects were <reversed|abolished|attenuated> by "
+            "<co-treatment with {DRUG2}|{GENE2} overexpression> .",
+        "{DRUG} <dose-dependently|significantly> inhibited "
+            "{PROCESS} in {CELL} cells [with an IC50 of {CONC}] .",
     ]),
     "genetic": dict(methods=[
-        "We performed a <genome-wide association study|case-control study|whole-exome sequencing study> of {N} <cases|patients> with {DISEASE} and {N2} controls .",
+        "We performed a <genome-wide association study|case-control study|"
+            "whole-exome sequencing study> of {N} <cases|"
+            "patients> with {DISEASE} and {N2} controls .",
         "<Participants|Samples> were genotyped for {K} variants in {GENE} [and {GENE2}] .",
-        "Logistic regression was used to test associations [under an additive model] [, adjusting for ancestry] .",
+        "Logistic regression was used to test associations "
+            "[under an additive model] [, adjusting for ancestry] .",
         "Replication was performed in an independent cohort of {N1} individuals .",
     ], results=[
-        "The {GENE} variant {RSID} was associated with {DISEASE} ( odds ratio {RATIO_UP} ; {PVAL} ) .",
-        "Carriers of {GENE} {VARIANT} had an earlier age at onset ( {MEANAGE} versus {MEANAGE2} years ) .",
+        "The {GENE} variant {RSID} was associated with "
+            "{DISEASE} ( odds ratio {RATIO_UP} ; {PVAL} ) .",
+        "Carriers of {GENE} {VARIANT} had an earlier age "
+            "at onset ( {MEANAGE} versus {MEANAGE2} years ) .",
         "No association was observed for {GENE2} ( {PVAL_NS} ) .",
         "Pathogenic variants in {GENE} were identified in {PCT} of cases and {PCT2} of controls .",
         "The association was <replicated|not replicated> in the independent cohort .",
@@ -738,7 +800,8 @@ def _expand(pattern, text, pick):
         text = new
 
 
-def render(template: str, rng: random.Random, fill: dict | None = None) -> tuple[list[str], list[str]]:
+def render(template: str, rng: random.Random,
+           fill: dict | None = None) -> tuple[list[str], list[str]]:
     """Fill a template; return its words and one BIO tag per word.
 
     Values in `fill` win over random ones (fill={"DRUG": "metformin"}). A slot
@@ -746,11 +809,34 @@ def render(template: str, rng: random.Random, fill: dict | None = None) -> tuple
     """
     text = _expand(_OPTIONAL, template, lambda m: m.group(1) if rng.random() < 0.5 else "")
     text = _expand(_CHOICE, text, lambda m: rng.choice(m.group(1).split("|")))
-
     # Build the sentence and remember the character span of every entity value;
     # then split into words and tag each word by the span it falls in.
+    sentence_text, spans = _fill_slots(text, rng, fill)
+    words = []
+    tags = []
+    for m in _WORD.finditer(sentence_text):
+        tag = "O"
+        for start, end, label in spans:
+            if m.start() < end and m.end() > start:  # overlaps this entity
+                if m.start() < start or m.end() > end:
+                    raise ValueError(f"template {template!r}: word {m.group()!r} "
+                                     "crosses an entity boundary")
+                tag = ("B-" if m.start() == start else "I-") + label
+        words.append(m.group())
+        tags.append(tag)
+    if words and words[0][0].islower():
+        words[0] = words[0][0].upper() + words[0][1:]  # sentence case
+    return words, tags
+
+
+def _fill_slots(text, rng, fill):
+    """The text with every {SLOT} filled -> (sentence, [(start, end, entity label)] of the
+    entity values in it)."""
     values = dict(fill or {})
-    pieces, spans, length, last = [], [], 0, 0
+    pieces = []
+    spans = []
+    length = 0  # of the sentence so far
+    last = 0  # where the text after the last slot starts
     for m in _SLOT.finditer(text):
         key = m.group(1)
         base = key.rstrip("0123456789")
@@ -763,21 +849,7 @@ def render(template: str, rng: random.Random, fill: dict | None = None) -> tuple
         length += len(values[key])
         last = m.end()
     pieces.append(text[last:])
-    sentence_text = "".join(pieces)
-
-    words, tags = [], []
-    for m in _WORD.finditer(sentence_text):
-        tag = "O"
-        for start, end, label in spans:
-            if m.start() < end and m.end() > start:  # overlaps this entity
-                if m.start() < start or m.end() > end:
-                    raise ValueError(f"template {template!r}: word {m.group()!r} crosses an entity boundary")
-                tag = ("B-" if m.start() == start else "I-") + label
-        words.append(m.group())
-        tags.append(tag)
-    if words and words[0][0].islower():
-        words[0] = words[0][0].upper() + words[0][1:]  # sentence case
-    return words, tags
+    return "".join(pieces), spans
 
 
 def _case(rng, areas=None):

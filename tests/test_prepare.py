@@ -226,7 +226,7 @@ def test_cli(tmp_path):
                           "--out_dir", str(tmp_path / "o2")], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode != 0
-    assert run.stderr.strip().splitlines() == [f"error: input file not found: {tmp_path / 'missing.jsonl'} (check the --input path)"]
+    assert run.stderr.strip().splitlines() == [f"error: input file not found: {tmp_path / 'missing.jsonl'}; check the --input path"]
 
 
 # --- prepare.py at scale: streaming, shards, byte identity, failures --------
@@ -423,6 +423,39 @@ def test_a_run_killed_before_meta_json_leaves_nothing_detour_loads(digested, tmp
     prepare.main(argv)  # a rerun starts clean and writes the same dataset
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
 
+
+
+@pytest.mark.parametrize("failure", ["read-only", "full disk", "unreadable input"])
+def test_a_failed_write_is_one_line_and_leaves_the_dataset(digested, tmp_path, monkeypatch, failure):
+    """An OSError of the file system (a read-only --out_dir, a full disk, an input file this user may
+    not read) is the one-line error naming the path; the dataset already there stays as it was."""
+    _, jsonl, _ = digested
+    out = tmp_path / "out"
+    argv = ["--input", jsonl, "--out_dir", str(out), "--vocab_size", "400", "--val_fraction", "0.05"]
+    prepare.main(argv)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+
+    def refused(path, mode="r", *args, **kwargs):  # open() as root cannot be refused by a chmod
+        if failure == "read-only" and "w" in mode:
+            raise PermissionError(13, "Permission denied", path)
+        if failure == "unreadable input" and path == jsonl:
+            raise PermissionError(13, "Permission denied", path)
+        return open(path, mode, *args, **kwargs)
+
+    def full(self, data, sizes):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prepare, "open", refused, raising=False)
+    if failure == "full disk":
+        monkeypatch.setattr(prepare.Spool, "add", full)
+    with pytest.raises(SystemExit) as e:
+        prepare.main(argv + ["--seed", "7"])
+    line = str(e.value.code)
+    want = {"read-only": f"cannot write to {out} (Permission denied: {out}/.train.bin.spool",
+            "full disk": f"cannot write to {out} (No space left on device: {out}); give an --out_dir",
+            "unreadable input": f"cannot read {jsonl} (Permission denied); check the --input path"}[failure]
+    assert line.startswith("error: ") and "\n" not in line and want in line, line
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before  # no temp file left either
 
 # --- PubMed XML, and formats prepare does not read ---------------------------
 
