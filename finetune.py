@@ -4,17 +4,14 @@ finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are fine-tuned
 alike (same tasks, same seeds) and compared task by task (mean +- std over runs) and on average.
 Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics' unit is the (task,
-replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable difference.
+replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable
+difference. Why the detour works (CKA, weight drift, transplants): studies/analysis.py.
 
-  python finetune.py                                   # out/clm-decay vs out/mlm-decay, default tasks
-  python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB --seeds 3
-  python finetune.py --probe true                      # linear probing: frozen encoder, head only
-  python finetune.py --shard 0/4 ... --shard 3/4       # a quarter of the cells each (one per GPU), any order;
-  python finetune.py --merge true                      # then results.md (each shard also tries when it ends)
-Why the detour works (the paper's analyses, the last section of this file):
-  python finetune.py --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay
-  python finetune.py --analysis drift --ckpts out/clm-decay,out/clm          # checkpoint, its init
-  python finetune.py --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers 0-1
+  python finetune.py                       # out/clm-decay vs out/mlm-decay, default tasks
+  python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB
+  python finetune.py --probe true          # linear probing: frozen encoder, head only
+  python finetune.py --shard 0/4 ... --shard 3/4  # a quarter of the cells each (a GPU each)
+  python finetune.py --merge true          # then results.md (each shard also tries at its end)
 
 A task is `name=kind:path` (kind: cls | multilabel | regression | ner, `kind+probe` for a linear
 probe; path: train/dev/test files as data/tasks.py reads them), `default` the embedded tasks (ner,
@@ -22,8 +19,10 @@ notes, needle). Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5),
 Pearson, ner entity-level micro F1 (conlleval rules); the others are reported too.
 
 Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
-Protocol and passes it down; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
+Protocol and passes it down; from Python:
+finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
 """
+import contextlib
 import copy
 import fcntl
 import json
@@ -45,16 +44,15 @@ import detour
 from data import tasks  # task files, read and built (data/tasks.py, next to data/world.py)
 from detour import fail
 
-# ----------------------------------------------------------------------------------------
-# The protocol. Its values are the paper's; the CPU default below shortens them.
-# ----------------------------------------------------------------------------------------
+# ---- The protocol. Its values are the paper's; the CPU default below shortens them. ----
 @dataclass(frozen=True)
 class Protocol:
-    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints (quick start); those that exist
-    tasks: str = "default"          # comma-separated name=kind:path, or `default` (the embedded tasks)
+    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints; those that exist
+    tasks: str = "default"          # comma-separated name=kind:path, or `default` (embedded tasks)
     out_dir: str = "out/finetune"   # results.md / results.json
     tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
-    pretrain_dir: str = "data/default"  # its val.txt / meta.json: default-task text seen in pretraining is dropped
+    pretrain_dir: str = "data/default"  # val.txt / meta.json: default-task text seen in pretraining
+                                        # is dropped
     # protocol (paper)
     learning_rate: float = 5e-5     # peak lr, AdamW
     weight_decay: float = 0.01      # on weight matrices only (not biases, norms)
@@ -64,29 +62,32 @@ class Protocol:
     warmup_ratio: float = 0.10      # linear warmup over 10% of the steps, then linear decay to 0
     seeds: int = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
     max_len: int = 512              # longer inputs are truncated (and counted)
-    pooling: str = "mean"           # cls | mean (over real tokens; the released ModernBERT config uses mean)
-    dropout: float = 0.0            # classifier_dropout, between the head and the classifier (HF default 0.0)
-    grad_clip: float = 1.0          # max grad norm, 0 = off (HF Trainer's max_grad_norm default is 1.0)
-    pos_weight: str = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per label) | a number
+    pooling: str = "mean"           # cls | mean (over real tokens; the released ModernBERT config
+                                    # uses mean)
+    dropout: float = 0.0            # classifier_dropout, between head and classifier (HF: 0.0)
+    grad_clip: float = 1.0          # max grad norm, 0 = off (HF Trainer's max_grad_norm: 1.0)
+    pos_weight: str = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per
+                                    # label) | a number
     # linear probing: the encoder is frozen and only the head trains. Its features are computed
     # once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
     # linear layer alone barely moves at 5e-5 in a few epochs.
     probe: bool = False             # probe every task (a task can also ask for it: kind+probe)
     probe_lr: float = 1e-3
     probe_epochs: int = 20
-    # CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the
-    # small model. On a CPU, unless --epochs/--ner_epochs/--seeds/--learning_rate are given, main uses these.
+    # CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the small
+    # model. On a CPU, unless --epochs/--ner_epochs/--seeds/--learning_rate are given, main uses
+    # these.
     cpu_epochs: int = 3
     cpu_ner_epochs: int = 3
     cpu_seeds: int = 3
-    cpu_learning_rate: float = 5e-4  # the small CPU models barely move at 5e-5 in 3 epochs (near-chance scores)
-    # embedded default tasks (data/tasks.py, world.py with new seeds; pretraining corpus seed is 1234),
-    # sized so that the CPU default run of two small checkpoints takes a few minutes
+    cpu_learning_rate: float = 5e-4  # the small CPU models barely move at 5e-5 in 3 epochs
+    # embedded default tasks (data/tasks.py, world.py with new seeds; pretraining corpus seed is
+    # 1234), sized so that the CPU default run of two small checkpoints takes a few minutes
     task_seed: int = 2025
     ner_sizes: str = "200,100,200"      # train, dev, test sentences (~17 tokens each)
     notes_sizes: str = "96,48,96"       # train, dev, test notes (~120 tokens each)
     needle_per_cell: str = "16,8,16"    # train, dev, test examples per (position, length) cell
-    needle_lengths: str = "56,112,224"  # haystack length in words (~64/128/256 tokens with data/default)
+    needle_lengths: str = "56,112,224"  # haystack length in words (~64/128/256 tokens)
     needle_positions: str = "start,middle,end"
     rebuild_tasks: bool = False     # rewrite data/tasks even if it is up to date
     # shortening a protocol on a CPU: a fixed random subset (seed 0) of each split; 0 = all
@@ -97,58 +98,73 @@ class Protocol:
     dtype: str = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
     progress: bool = True           # tqdm bars
     bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
-    # the grid: a (checkpoint, task, seed) cell is skipped when <out_dir>/cells holds it (a rerun resumes)
+    # the grid: a (checkpoint, task, seed) cell is skipped when <out_dir>/cells holds it (a rerun
+    # resumes)
     shard: str = ""                 # i/n: cells i, i+n, ... only; "" = all, or in a SLURM job array
-                                    # $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN / $SLURM_ARRAY_TASK_COUNT
-    merge: bool = False             # train nothing: write results.md/.json from the cells (all must exist)
-    # analysis (why the detour works; see the end of this file). "" = fine-tune and compare.
-    analysis: str = ""              # cka | drift | transplant
-    texts: str = ""                 # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out pretraining text)
-    layers: str = ""                # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10 | attn | mlp
+                                    # $SLURM_ARRAY_TASK_ID - _MIN / $SLURM_ARRAY_TASK_COUNT
+    merge: bool = False             # train nothing: results.md/.json from the cells (all done)
 
-CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # main: cpu_<key> unless --<key> is given
-REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio", "max_len",
-            "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr", "probe_epochs", "max_train",
-            "max_eval")  # the protocol settings results.json records
-P, N, F1 = detour.POSITIVE, detour.NON_NEGATIVE, detour.BETA  # > 0, >= 0, in [0, 1)
-RULES = dict(ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=P, weight_decay=N, batch_size=P, epochs=P,
-             ner_epochs=P, warmup_ratio=F1, seeds=P, max_len=(lambda v: v >= 3, ">= 3 ([CLS] a [SEP] b [SEP])"),
-             pooling=detour.one_of("cls", "mean"), dropout=F1, grad_clip=N, probe_lr=P, probe_epochs=P, cpu_epochs=P,
-             cpu_ner_epochs=P, cpu_seeds=P, cpu_learning_rate=P, task_seed=N, max_train=N, max_eval=N,
-             pos_weight=(lambda v: v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v))
-                         and float(v) > 0, "none | auto | a number > 0"), device=detour.DEVICE, dtype=detour.DTYPE,
-             bootstrap_samples=P, analysis=detour.one_of("", "cka", "drift", "transplant"),
-             shard=(lambda v: v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(v[:v.index("/")]) < int(
-                 v[v.index("/") + 1:]), "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))  # checked by main
+CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # cpu_<key> unless --<key> given
+REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio",
+            "max_len", "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr",
+            "probe_epochs", "max_train", "max_eval")  # the protocol settings results.json records
+POSITIVE = detour.POSITIVE          # > 0
+NON_NEGATIVE = detour.NON_NEGATIVE  # >= 0
+PROPORTION = detour.BETA            # in [0, 1): warmup_ratio (of the steps), dropout (a chance)
+
+def is_pos_weight(v):
+    return v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v)) and float(v) > 0
+
+def is_shard(v):
+    if v == "":
+        return True
+    return bool(re.fullmatch(r"\d+/\d+", v)) and int(v[:v.index("/")]) < int(v[v.index("/") + 1:])
+
+RULES = dict(  # checked by main, in this order
+    ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE,
+    weight_decay=NON_NEGATIVE, batch_size=POSITIVE, epochs=POSITIVE, ner_epochs=POSITIVE,
+    warmup_ratio=PROPORTION, seeds=POSITIVE,
+    max_len=(lambda v: v >= 3, ">= 3 ([CLS] a [SEP] b [SEP])"),
+    pooling=detour.one_of("cls", "mean"),
+    dropout=PROPORTION, grad_clip=NON_NEGATIVE, probe_lr=POSITIVE, probe_epochs=POSITIVE,
+    cpu_epochs=POSITIVE, cpu_ner_epochs=POSITIVE, cpu_seeds=POSITIVE, cpu_learning_rate=POSITIVE,
+    task_seed=NON_NEGATIVE, max_train=NON_NEGATIVE, max_eval=NON_NEGATIVE,
+    pos_weight=(is_pos_weight, "none | auto | a number > 0"), device=detour.DEVICE,
+    dtype=detour.DTYPE, bootstrap_samples=POSITIVE,
+    shard=(is_shard, "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))
 IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
 
-# ----------------------------------------------------------------------------------------
-# Metrics, written out so that their definitions are visible.
-# ----------------------------------------------------------------------------------------
+# ---- Metrics, written out so that their definitions are visible. ----
 def _f1(tp, fp, fn):
     return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
 
 def cls_metrics(gold, pred):
-    """Accuracy and macro F1 over the labels that occur in gold or prediction (sklearn's default)."""
-    gold, pred = np.asarray(gold), np.asarray(pred)
+    """Accuracy and macro F1 over the labels in gold or prediction (sklearn's default)."""
+    gold, pred = map(np.asarray, (gold, pred))
     f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
                np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
     return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
 
 def multilabel_metrics(gold, pred):
-    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never seen: 0, as sklearn)."""
-    gold, pred = np.asarray(gold, bool), np.asarray(pred, bool)
-    tp, fp, fn = (pred & gold).sum(0), (pred & ~gold).sum(0), (~pred & gold).sum(0)
+    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never
+    seen: 0, as sklearn)."""
+    gold = np.asarray(gold, bool)
+    pred = np.asarray(pred, bool)
+    tp = (pred & gold).sum(0)
+    fp = (pred & ~gold).sum(0)
+    fn = (~pred & gold).sum(0)
     return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
                 macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
 
 def pearson(x, y):
-    x, y = np.asarray(x, float) - np.mean(x), np.asarray(y, float) - np.mean(y)
+    x = np.asarray(x, float) - np.mean(x)
+    y = np.asarray(y, float) - np.mean(y)
     denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
     return float((x * y).sum() / denom) if denom > 0 else 0.0
 
 def ranks(x):
-    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last position + 1) / 2."""
+    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last
+    position + 1) / 2."""
     s = np.sort(np.asarray(x, float))
     return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
 
@@ -160,14 +176,17 @@ def entity_spans(tags):
     """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
     an entity continues only with I- of the same type; anything else closes it; an I-X
     that does not continue an X starts a new entity; the sentence end closes the last one."""
-    spans, start, kind = [], None, None
+    spans = []
+    start = None
+    kind = None
     for i, tag in enumerate(list(tags) + ["O"]):
         prefix, _, typ = tag.partition("-")
         if start is not None and not (prefix == "I" and typ == kind):
             spans.append((kind, start, i - 1))
             start = None
         if prefix in ("B", "I") and start is None:
-            start, kind = i, typ
+            start = i
+            kind = typ
     return spans
 
 def entity_f1(gold_seqs, pred_seqs):
@@ -175,35 +194,43 @@ def entity_f1(gold_seqs, pred_seqs):
     gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
     pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
     tp = len(gold & pred)
-    p, r = (tp / len(pred) if pred else 0.0), (tp / len(gold) if gold else 0.0)
-    return p, r, (2 * p * r / (p + r) if p + r else 0.0)
+    precision = tp / len(pred) if pred else 0.0
+    recall = tp / len(gold) if gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
 
 def group_accuracy(examples, gold, pred):
     """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
     slots = range(max(len(ex["groups"]) for ex in examples))
-    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples if len(ex["groups"]) > k)
-    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples) if g in ex["groups"]]))
-            for g in names}
+    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples
+                          if len(ex["groups"]) > k)
+    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples)
+                              if g in ex["groups"]])) for g in names}
 
 # Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
 def cls_score(task, examples, out):
-    gold, pred = [ex["y"] for ex in examples], [int(z.argmax()) for z in out]
-    m = cls_metrics(gold, pred)
+    gold = [ex["y"] for ex in examples]
+    pred = [int(z.argmax()) for z in out]
+    metrics = cls_metrics(gold, pred)
     if any(ex["groups"] for ex in examples):
-        m["groups"] = group_accuracy(examples, gold, pred)
-    return m
+        metrics["groups"] = group_accuracy(examples, gold, pred)
+    return metrics
+
+def multilabel_score(task, examples, out):
+    return multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
+
+def regression_score(task, examples, out):
+    return regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
 
 def ner_score(task, examples, out):
     pred_tags = []
     for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
         it = iter(z.argmax(-1).tolist())
         pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
-    p, r, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
-    return dict(f1=f1, precision=p, recall=r)
+    precision, recall, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
+    return dict(f1=f1, precision=precision, recall=recall)
 
-# ----------------------------------------------------------------------------------------
-# The task kinds: what differs between them, in one table; every code path below is shared.
-# ----------------------------------------------------------------------------------------
+# ---- The task kinds: what differs between them, in one table; every code path is shared. ----
 @dataclass(frozen=True)
 class Kind:
     main: str                 # the main metric
@@ -219,29 +246,34 @@ class Kind:
     weighted: bool = False    # the loss takes --pos_weight
     one_output: bool = False  # a single output (regression), else one per label
 
+def cross_entropy(z, y, pos_weight):
+    return F.cross_entropy(z, y)
+
+def multi_hot(label, index):
+    return [1.0 if name in label else 0.0 for name in index]
+
 KINDS = {
     "cls": Kind(
-        main="macro_f1", score=cls_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
-        epochs="epochs", label_set=lambda rows: sorted({ex["label"] for ex in rows}),
-        gold=lambda label: [label], y=lambda label, index: index[label], min_labels=2),
+        main="macro_f1", score=cls_score, loss=cross_entropy, target=torch.long, epochs="epochs",
+        label_set=lambda rows: sorted({ex["label"] for ex in rows}), gold=lambda label: [label],
+        y=lambda label, index: index[label], min_labels=2),
     "multilabel": Kind(
-        main="micro_f1", target=torch.float, epochs="epochs", weighted=True,
-        score=lambda task, exs, out: multilabel_metrics([ex["y"] for ex in exs], [(z > 0).numpy() for z in out]),
+        main="micro_f1", target=torch.float, epochs="epochs", weighted=True, score=multilabel_score,
         loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
-        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}), gold=lambda label: label,
-        y=lambda label, index: [1.0 if name in label else 0.0 for name in index]),
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
+        gold=lambda label: label, y=multi_hot),
     "regression": Kind(
-        main="pearson", target=torch.float, epochs="epochs", one_output=True, label_set=lambda rows: [],
-        score=lambda task, exs, out: regression_metrics([ex["y"] for ex in exs], [float(z[0]) for z in out]),
-        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [], y=lambda label, index: label),
+        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        label_set=lambda rows: [], score=regression_score,
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [],
+        y=lambda label, index: label),
     "ner": Kind(
-        main="f1", score=ner_score, loss=lambda z, y, pw: F.cross_entropy(z, y), target=torch.long,
-        epochs="ner_epochs", label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
+        main="f1", score=ner_score, loss=cross_entropy, target=torch.long, epochs="ner_epochs",
+        label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
 }
 
-# ----------------------------------------------------------------------------------------
-# Checkpoints: an HF dir (config.json, model.safetensors, tokenizer.json) or a detour out_dir with one in hf/.
-# ----------------------------------------------------------------------------------------
+# ---- Checkpoints: an HF dir (config.json, model.safetensors, tokenizer.json) or a detour
+# out_dir with one in hf/. ----
 def hf_dir(path):
     for d in (path, os.path.join(path, "hf")):
         if os.path.exists(os.path.join(d, "config.json")):
@@ -251,51 +283,57 @@ def hf_dir(path):
     fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
 
 def load_encoder(path):
-    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other."""
+    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other"""
     tok_path = os.path.join(hf_dir(path), "tokenizer.json")
     if not os.path.exists(tok_path):
-        fail(f"{tok_path} not found; the checkpoint needs its tokenizer (detour.save_hf(..., tokenizer_path=...))")
-    model, tokenizer = detour.load_hf(os.path.dirname(tok_path)), detour.load_tokenizer(tok_path)
-    c = model.config
-    if tokenizer.get_vocab_size() > c.vocab_size:
-        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only {c.vocab_size}; wrong tokenizer?")
-    for name, want in (("[CLS]", c.cls_token_id), ("[SEP]", c.sep_token_id), ("[PAD]", c.pad_token_id)):
+        fail(f"{tok_path} not found; the checkpoint needs its tokenizer "
+             "(detour.save_hf(..., tokenizer_path=...))")
+    model = detour.load_hf(os.path.dirname(tok_path))
+    tokenizer = detour.load_tokenizer(tok_path)
+    config = model.config
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only "
+             f"{config.vocab_size}; wrong tokenizer?")
+    for name, want in (("[CLS]", config.cls_token_id), ("[SEP]", config.sep_token_id),
+                       ("[PAD]", config.pad_token_id)):
         if tokenizer.token_to_id(name) != want:
-            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config says {want}; "
-                 "wrong tokenizer?")
+            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config "
+                 f"says {want}; wrong tokenizer?")
     return model, tokenizer
 
-# ----------------------------------------------------------------------------------------
-# Encoding (tasks.encode, tasks.encode_words): [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]); NER
-# labels the first sub-token of each word and ignores the rest: a word is predicted once, from its first piece.
-# ----------------------------------------------------------------------------------------
-def encode_task(p, task, tokenizer):
-    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict finetune_one takes."""
-    K, index = KINDS[task["kind"]], {l: i for i, l in enumerate(task["labels"])}
+# ---- Encoding (tasks.encode, tasks.encode_words): [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]);
+# NER labels the first sub-token of each word and ignores the rest: a word is predicted once,
+# from its first piece. ----
+def encode_task(protocol, task, tokenizer):
+    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict
+    finetune_one takes."""
+    kind = KINDS[task["kind"]]
+    index = {label: i for i, label in enumerate(task["labels"])}
 
     def encode_example(ex):  # -> (encoded example, truncated)
-        if K.per_token:
-            ids, target, mapped, cut = tasks.encode_words(p, tokenizer, ex["words"], [index[t] for t in ex["tags"]])
+        if kind.per_token:
+            tags = [index[t] for t in ex["tags"]]
+            ids, target, mapped, cut = tasks.encode_words(protocol, tokenizer, ex["words"], tags)
             return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
-        ids, cut = tasks.encode(p, tokenizer, ex["text"], ex["text_b"])
-        return dict(ids=ids, y=K.y(ex["label"], index), groups=ex["groups"]), cut
-    splits, n_trunc = {}, 0
+        ids, cut = tasks.encode(protocol, tokenizer, ex["text"], ex["text_b"])
+        return dict(ids=ids, y=kind.y(ex["label"], index), groups=ex["groups"]), cut
+    splits = {}
+    n_trunc = 0
     for split, (file, rows) in task["raw"].items():
         encoded = [encode_example(ex) for ex in rows]
-        out, n_trunc = [ex for ex, _ in encoded], n_trunc + sum(cut for _, cut in encoded)
-        limit = p.max_train if split == "train" else p.max_eval
+        out = [ex for ex, _ in encoded]
+        n_trunc += sum(cut for _, cut in encoded)
+        limit = protocol.max_train if split == "train" else protocol.max_eval
         if 0 < limit < len(out):  # the same subset for every checkpoint and seed
             out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
         splits[split] = out
     if n_trunc:
-        print(f"{task['name']}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
+        print(f"{task['name']}: {n_trunc} examples truncated to max_len={protocol.max_len} tokens")
     return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
 
-# ----------------------------------------------------------------------------------------
-# Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
+# ---- Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
 # fine-tuning seeds minus B's (same data order and seeds). Seeds are not independent evidence
-# about pretraining: averaged, never counted as units. Both tests are one-sided (A > B).
-# ----------------------------------------------------------------------------------------
+# about pretraining: averaged, never counted as units. Both tests are one-sided (A > B). ----
 def sign_flip_p(d):
     """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
     negative as positive, so all 2^n sign patterns are equally likely; p = share of patterns
@@ -308,19 +346,21 @@ def sign_flip_p(d):
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
-    """One-sided bootstrap p that `a` beats `b` over the paired units a_i - b_i resampled with a fixed
-    seed: p = (1 + #means <= 0) / (1 + samples) >= 1/(samples + 1), never printed as 0. Anti-conservative
-    for a handful of units (it takes the observed spread for the population's): read it next to sign_flip_p."""
+    """One-sided bootstrap p that `a` beats `b` over the paired units a_i - b_i resampled with a
+    fixed seed: p = (1 + #means <= 0) / (1 + samples) >= 1/(samples + 1), never printed as 0.
+    Anti-conservative for a handful of units (it takes the observed spread for the
+    population's): read it next to sign_flip_p."""
     d = np.asarray(a, float) - np.asarray(b, float)
     if not np.any(d):
         return 1.0  # no difference at all: no evidence
     means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
-BOOTSTRAP_UNITS = 8  # below it no bootstrap p (None): it takes the units for the population, too few to stand for it
+BOOTSTRAP_UNITS = 8  # below it no bootstrap p (None): it takes the units for the population, and
+                     # so few cannot stand for it
 
 def t_quantile(q, df):
-    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy at run time)."""
+    """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy)."""
     x = np.linspace(0.0, 100.0, 1_000_001)
     logc = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
     pdf = np.exp(logc - (df + 1) / 2 * np.log1p(x * x / df))
@@ -328,34 +368,40 @@ def t_quantile(q, df):
     return float(np.interp(q, cdf, x))
 
 def mean_interval(d, level=0.95):
-    """-> (mean, lo, hi): d's mean and two-sided t interval; lo = hi = mean for one unit (no spread)."""
+    """-> (mean, lo, hi): d's mean and two-sided t interval; lo = hi = mean for one unit."""
     d = np.asarray(d, float)
-    m, n = float(d.mean()), len(d)
-    half = t_quantile(0.5 + level / 2, n - 1) * float(d.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
-    return m, m - half, m + half
+    mean = float(d.mean())
+    n = len(d)
+    half = 0.0
+    if n > 1:
+        half = t_quantile(0.5 + level / 2, n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
 
 def detectable_difference(d, alpha=0.05, power=0.80):
     """The smallest true mean difference a one-sided paired t test at `alpha` over these
     units would detect with `power`, given their spread: (t_{1-alpha} + t_power) * sd / sqrt(n)."""
-    d, df = np.asarray(d, float), len(d) - 1
+    d = np.asarray(d, float)
+    df = len(d) - 1
     if df < 1:
         return float("nan")
-    return (t_quantile(1 - alpha, df) + t_quantile(power, df)) * float(d.std(ddof=1)) / math.sqrt(len(d))
+    t_sum = t_quantile(1 - alpha, df) + t_quantile(power, df)
+    return t_sum * float(d.std(ddof=1)) / math.sqrt(len(d))
 
 def format_p(p):
     """A p-value as text; it is never 0 (every p here has a floor above 0)."""
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
-# ----------------------------------------------------------------------------------------
-# The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification, layer for
+# ---- The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification, layer for
 # layer: encoder body -> [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM head
 # (dense, GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. HF's
-# parameter names (model.*, head.*, classifier.*); only the MLM decoder is left out.
-# ----------------------------------------------------------------------------------------
+# parameter names (model.*, head.*, classifier.*); only the MLM decoder is left out. ----
 class TaskModel(nn.Module):
     def __init__(self, encoder, n_out, per_token, pooling, dropout):
         super().__init__()
-        self.model, self.head, self.per_token, self.pooling = encoder.model, encoder.head, per_token, pooling
+        self.model = encoder.model
+        self.head = encoder.head
+        self.per_token = per_token
+        self.pooling = pooling
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, n_out)
         std = encoder.config.hidden_size ** -0.5  # HF's "final_out" init of the classifier
@@ -376,28 +422,39 @@ class TaskModel(nn.Module):
     def forward(self, x):
         return self.classifier(self.drop(x))
 
-def get_device(p):
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if p.device == "auto" else p.device)
+def get_device(protocol):
+    if protocol.device != "auto":
+        return torch.device(protocol.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-def autocast(p, dev):
-    bf16 = p.dtype == "bfloat16" or (p.dtype == "auto" and dev.type == "cuda")
+def autocast(protocol, dev):
+    bf16 = protocol.dtype == "bfloat16" or (protocol.dtype == "auto" and dev.type == "cuda")
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
 
 def pad_batch(examples, pad_id, dev):
     """-> (ids, attention mask, targets), each (B, T) on dev, padded with pad_id, 0 and IGNORE."""
-    T = max(len(ex["ids"]) for ex in examples)
-    pad = lambda rows, value: torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long).to(dev)
-    return (pad([ex["ids"] for ex in examples], pad_id), pad([[1] * len(ex["ids"]) for ex in examples], 0),
+    width = max(len(ex["ids"]) for ex in examples)
+
+    def pad(rows, value):
+        padded = [r + [value] * (width - len(r)) for r in rows]
+        return torch.tensor(padded, dtype=torch.long).to(dev)
+    return (pad([ex["ids"] for ex in examples], pad_id),
+            pad([[1] * len(ex["ids"]) for ex in examples], 0),
             pad([ex.get("target", []) for ex in examples], IGNORE))
 
-def targets(K, examples, dev):
+def targets(kind, examples, dev):
     """A batch's training targets: one per labeled word (NER) or per example."""
-    ys = [y for ex in examples for y in ex["target"] if y != IGNORE] if K.per_token else [ex["y"] for ex in examples]
-    return torch.tensor(ys, dtype=K.target).to(dev)
+    if kind.per_token:
+        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
+    else:
+        ys = [ex["y"] for ex in examples]
+    return torch.tensor(ys, dtype=kind.target).to(dev)
 
 def length_batches(examples, batch_size, order=None):
-    """`order` (default: all examples) sorted by length, cut into batches of indices: little padding (a CPU saver)."""
-    order = sorted(range(len(examples)) if order is None else order, key=lambda i: len(examples[i]["ids"]))
+    """`order` (default: all examples) sorted by length, cut into batches of indices: little
+    padding (a CPU saver)."""
+    order = range(len(examples)) if order is None else order
+    order = sorted(order, key=lambda i: len(examples[i]["ids"]))
     return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
 
 def train_order(examples, rng, batch_size, group=8):
@@ -410,20 +467,23 @@ def train_order(examples, rng, batch_size, group=8):
     rng.shuffle(batches)
     return batches
 
-def head_inputs(tm, examples, idx, feats, dev):
+def head_inputs(task_model, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
-        return (torch.cat if tm.per_token else torch.stack)([feats[i] for i in idx]).to(dev)
-    ids, mask, target = pad_batch([examples[i] for i in idx], tm.model.config.pad_token_id, dev)
-    return tm.features(ids, mask, target)
+        join = torch.cat if task_model.per_token else torch.stack
+        return join([feats[i] for i in idx]).to(dev)
+    batch = [examples[i] for i in idx]
+    ids, mask, target = pad_batch(batch, task_model.model.config.pad_token_id, dev)
+    return task_model.features(ids, mask, target)
 
 @torch.no_grad()
-def per_example(p, model, examples, dev, rows, per_token=False):
-    """rows(batch indices) over length batches, `model` in eval mode, without grad -> per example, in
-    input order, a CPU tensor: its row, or with per_token a row per labeled word (= mapped word)."""
+def per_example(protocol, model, examples, dev, rows, per_token=False):
+    """rows(batch indices) over length batches, `model` in eval mode, without grad -> per example,
+    in input order, a CPU tensor: its row, or with per_token a row per labeled word (= mapped
+    word)."""
     model.eval()
     out = [None] * len(examples)
-    for idx in length_batches(examples, p.batch_size):
-        with autocast(p, dev):
+    for idx in length_batches(examples, protocol.batch_size):
+        with autocast(protocol, dev):
             x = rows(idx).cpu()
         if per_token:
             x = x.split([sum(examples[i]["mapped"]) for i in idx])
@@ -431,285 +491,411 @@ def per_example(p, model, examples, dev, rows, per_token=False):
             out[i] = v
     return out
 
-def probe_features(p, model, task):
-    """A frozen encoder's head inputs, per split, on the CPU: computed once for all of a probe's seeds."""
-    dev = get_device(p)
-    tm = TaskModel(model.to(dev), 1, KINDS[task["kind"]].per_token, p.pooling, p.dropout).to(dev)  # classifier unused
-    return {s: per_example(p, tm, task[s], dev, lambda idx: head_inputs(tm, task[s], idx, None, dev).float(),
-                           tm.per_token) for s in ("train", "dev", "test")}
+def probe_features(protocol, model, task):
+    """A frozen encoder's head inputs, per split, on the CPU: computed once for all of a probe's
+    seeds (the classifier is unused)."""
+    dev = get_device(protocol)
+    per_token = KINDS[task["kind"]].per_token
+    task_model = TaskModel(model.to(dev), 1, per_token, protocol.pooling, protocol.dropout).to(dev)
+    feats = {}
+    for split in ("train", "dev", "test"):
+        def rows(idx):
+            return head_inputs(task_model, task[split], idx, None, dev).float()
+        feats[split] = per_example(protocol, task_model, task[split], dev, rows, per_token)
+    return feats
 
-def evaluate(p, tm, task, split, feats, dev):
+def evaluate(protocol, task_model, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
-    K, examples = KINDS[task["kind"]], task[split]
-    out = per_example(p, tm, examples, dev, lambda idx: tm(head_inputs(tm, examples, idx, feats, dev)).float(),
-                      K.per_token)
-    m = K.score(task, examples, out)
-    return dict(m, main=m[K.main])
+    kind = KINDS[task["kind"]]
+    examples = task[split]
 
-# ----------------------------------------------------------------------------------------
-# Fine-tuning one (checkpoint, task, seed).
-# ----------------------------------------------------------------------------------------
-def pos_weights(p, train, n_out, dev):
+    def rows(idx):
+        return task_model(head_inputs(task_model, examples, idx, feats, dev)).float()
+    metrics = kind.score(task, examples, per_example(protocol, task_model, examples, dev, rows,
+                                                     kind.per_token))
+    return dict(metrics, main=metrics[kind.main])
+
+# ---- Fine-tuning one (checkpoint, task, seed). ----
+def pos_weights(protocol, train, n_out, dev):
     """--pos_weight for the multilabel BCE: none, auto (n_neg/n_pos per label) or a number."""
-    if p.pos_weight == "none":
+    if protocol.pos_weight == "none":
         return None
-    y = torch.tensor([ex["y"] for ex in train])
-    return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1) if p.pos_weight == "auto"
-            else torch.full((n_out,), float(p.pos_weight))).to(dev)
+    if protocol.pos_weight == "auto":
+        y = torch.tensor([ex["y"] for ex in train])
+        return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1)).to(dev)
+    return torch.full((n_out,), float(protocol.pos_weight)).to(dev)
 
-def optimizer(p, tm, frozen):
-    """AdamW over the classifier (probe) or everything, decay on weight matrices only -> (opt, params, peak lr)."""
-    params = list(tm.classifier.parameters()) if frozen else list(tm.parameters())
-    groups = [dict(params=[q for q in params if q.dim() >= 2], weight_decay=p.weight_decay),
+def optimizer(protocol, task_model, frozen):
+    """AdamW over the classifier (probe) or everything, decay on weight matrices only -> (opt,
+    params, peak lr)."""
+    params = list((task_model.classifier if frozen else task_model).parameters())
+    groups = [dict(params=[q for q in params if q.dim() >= 2], weight_decay=protocol.weight_decay),
               dict(params=[q for q in params if q.dim() < 2], weight_decay=0.0)]
-    peak = p.probe_lr if frozen else p.learning_rate
+    peak = protocol.probe_lr if frozen else protocol.learning_rate
     return torch.optim.AdamW(groups, lr=peak), params, peak
 
-def finetune_one(p, model, task, seed, feats=None, desc=""):
+def scheduled_lr(peak, step, warm, total):
+    """Linear warmup to the peak, then linear decay to 0 at the last step."""
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * (total - step) / max(1, total - warm)
+
+def trained_weights(task_model, frozen):
+    """A copy of what training changes: everything, or for a probe only the classifier."""
+    return {k: v.detach().clone() for k, v in task_model.state_dict().items()
+            if not frozen or k.startswith("classifier.")}
+
+def finetune_one(protocol, model, task, seed, feats=None, desc=""):
     """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen encoder,
     on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch with the best
     dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean loss per epoch)"""
-    dev, K, frozen, train = get_device(p), KINDS[task["kind"]], task["probe"] or p.probe, task["train"]
+    dev = get_device(protocol)
+    kind = KINDS[task["kind"]]
+    frozen = task["probe"] or protocol.probe
+    train = task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
-    n_out = 1 if K.one_output else len(task["labels"])
+    n_out = 1 if kind.one_output else len(task["labels"])
     # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the loaded
     # one (moved to the device) and only ever runs it once, without grad, in probe_features()
-    tm = TaskModel(model.to(dev) if frozen else copy.deepcopy(model), n_out, K.per_token, p.pooling, p.dropout).to(dev)
-    feats = (feats or probe_features(p, model, task)) if frozen else dict.fromkeys(("train", "dev", "test"))
-    pw = pos_weights(p, train, n_out, dev) if K.weighted else None
-    opt, params, peak = optimizer(p, tm, frozen)
-    n_epochs = p.probe_epochs if frozen else getattr(p, K.epochs)
-    per_epoch = math.ceil(len(train) / p.batch_size)
-    total, warm = n_epochs * per_epoch, max(1, int(p.warmup_ratio * n_epochs * per_epoch))
+    encoder = model.to(dev) if frozen else copy.deepcopy(model)
+    task_model = TaskModel(encoder, n_out, kind.per_token, protocol.pooling, protocol.dropout)
+    task_model.to(dev)
+    if not frozen:
+        feats = dict.fromkeys(("train", "dev", "test"))
+    elif not feats:
+        feats = probe_features(protocol, model, task)
+    pos_weight = pos_weights(protocol, train, n_out, dev) if kind.weighted else None
+    opt, params, peak = optimizer(protocol, task_model, frozen)
+    n_epochs = protocol.probe_epochs if frozen else getattr(protocol, kind.epochs)
+    per_epoch = math.ceil(len(train) / protocol.batch_size)
+    total = n_epochs * per_epoch
+    warm = max(1, int(protocol.warmup_ratio * n_epochs * per_epoch))
     order_rng = random.Random(seed)
-    best, best_state, best_epoch, step, losses = None, None, 0, 0, []
-    bar = tqdm(total=total, desc=desc, disable=not p.progress, leave=False, dynamic_ncols=True)
+    best = None
+    step = 0
+    losses = []
+    bar = tqdm(total=total, desc=desc, disable=not protocol.progress, leave=False,
+               dynamic_ncols=True)
     for epoch in range(1, n_epochs + 1):
         epoch_loss = []
-        for idx in train_order(train, order_rng, p.batch_size):
-            tm.train()
-            # linear warmup to the peak, then linear decay to 0 at the last step
-            lr = peak * (step + 1) / warm if step < warm else peak * (total - step) / max(1, total - warm)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            with autocast(p, dev):
-                logits = tm(head_inputs(tm, train, idx, feats["train"], dev))
-            loss = K.loss(logits.float(), targets(K, [train[i] for i in idx], dev), pw)
+        for idx in train_order(train, order_rng, protocol.batch_size):
+            task_model.train()
+            lr = scheduled_lr(peak, step, warm, total)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            with autocast(protocol, dev):
+                logits = task_model(head_inputs(task_model, train, idx, feats["train"], dev))
+            batch_targets = targets(kind, [train[i] for i in idx], dev)
+            loss = kind.loss(logits.float(), batch_targets, pos_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            if p.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, p.grad_clip)
+            if protocol.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, protocol.grad_clip)
             opt.step()
             step += 1
             epoch_loss.append(loss.item())
             bar.update(1)
             bar.set_postfix(epoch=epoch, loss=f"{epoch_loss[-1]:.3f}")
         losses.append(float(np.mean(epoch_loss)))
-        m = evaluate(p, tm, task, "dev", feats["dev"], dev)
-        if best is None or m["main"] > best["main"]:
-            best, best_epoch = m, epoch
-            best_state = {k: v.detach().clone() for k, v in tm.state_dict().items()
-                          if not frozen or k.startswith("classifier.")}
+        metrics = evaluate(protocol, task_model, task, "dev", feats["dev"], dev)
+        if best is None or metrics["main"] > best["dev"]["main"]:
+            best = dict(dev=metrics, epoch=epoch, state=trained_weights(task_model, frozen))
     bar.close()
-    tm.load_state_dict(best_state, strict=not frozen)
-    return dict(dev=best, test=evaluate(p, tm, task, "test", feats["test"], dev), epoch=best_epoch, losses=losses)
+    task_model.load_state_dict(best["state"], strict=not frozen)
+    test = evaluate(protocol, task_model, task, "test", feats["test"], dev)
+    return dict(dev=best["dev"], test=test, epoch=best["epoch"], losses=losses)
 
-# ----------------------------------------------------------------------------------------
-# The comparison: every checkpoint x task x seed, then the tables.
-# ----------------------------------------------------------------------------------------
+# ---- The comparison: every checkpoint x task x seed, then the tables. ----
 def mean_std(xs):
     """dict(mean, std): the sample standard deviation, 0 for a single run."""
     xs = np.asarray(xs, float)
     return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
 def arms_of(ckpt_paths):
-    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, in one order for all arms)."""
-    arms = [list(p) if isinstance(p, (list, tuple)) else [q for q in p.split("+") if q] for p in ckpt_paths]
-    flat = [p for arm in arms for p in arm]
+    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, in one order
+    for all arms)."""
+    arms = [list(arm) if isinstance(arm, (list, tuple)) else [q for q in arm.split("+") if q]
+            for arm in ckpt_paths]
+    flat = [path for arm in arms for path in arm]
     if len(set(flat)) != len(flat):
         fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
     if len({len(arm) for arm in arms[:2]}) > 1:  # compared replicate by replicate
-        fail(f"{'+'.join(arms[0])} and {'+'.join(arms[1])} have different numbers of replicates; pair them one to one")
+        fail(f"{'+'.join(arms[0])} and {'+'.join(arms[1])} have different numbers of replicates; "
+             "pair them one to one")
     return arms
 
 def compare(results, names, first, second, samples=10_000):
-    """Statistics of arm first - arm second (as many replicates each) into results; `samples`: bootstrap resamples."""
-    A, B = results["scores"][first], results["scores"][second]
-    # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index (as many in both arms)
-    units = {n: [x - y for x, y in zip(A[n]["replicate_means"], B[n]["replicate_means"])] for n in names}
+    """Statistics of arm first - arm second (as many replicates each) into results; `samples`:
+    bootstrap resamples."""
+    a = results["scores"][first]
+    b = results["scores"][second]
+    # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
+    units = {n: [x - y for x, y in zip(a[n]["replicate_means"], b[n]["replicate_means"])]
+             for n in names}
     flat = [u for n in names for u in units[n]]
-    boot = paired_bootstrap(flat, [0.0] * len(flat), samples) if len(flat) >= BOOTSTRAP_UNITS else None
-    # 95% intervals over units: a task's over its replicates (pretraining + fine-tuning noise), the average's over all;
-    # None from one unit: with one replicate per arm a task has no pretraining spread (its seeds' is fine-tuning's)
-    results.update(difference={n: A[n]["mean"] - B[n]["mean"] for n in names + ["average"]},
-                   ci95={n: mean_interval(d)[1:] if len(d) > 1 else None for n, d in dict(units, average=flat).items()},
-                   units=flat, p_sign_flip=sign_flip_p(flat), p_bootstrap=boot,
+    boot = None
+    if len(flat) >= BOOTSTRAP_UNITS:
+        boot = paired_bootstrap(flat, [0.0] * len(flat), samples)
+    # 95% intervals over units: a task's over its replicates (pretraining + fine-tuning noise),
+    # the average's over all; None from one unit: with one replicate per arm a task has no
+    # pretraining spread (its seeds' is fine-tuning's)
+    ci95 = {n: mean_interval(d)[1:] if len(d) > 1 else None
+            for n, d in dict(units, average=flat).items()}
+    results.update(difference={n: a[n]["mean"] - b[n]["mean"] for n in names + ["average"]},
+                   ci95=ci95, units=flat, p_sign_flip=sign_flip_p(flat), p_bootstrap=boot,
                    detectable_difference=detectable_difference(flat))
 
-def arm_scores(p, arm, names, result):
-    """One arm's scores from result[(checkpoint, task, seed)] -> {task: dict(runs, mean, std, replicate_means),
-    "average": dict(mean, std, per_run)}; runs in the order replicate, seed."""
+def arm_scores(protocol, arm, names, result):
+    """One arm's scores from result[(checkpoint, task, seed)] -> {task: dict(runs, mean, std,
+    replicate_means), "average": dict(mean, std, per_run)}; runs in the order replicate, seed."""
     scores = {n: dict(runs=[dict(replicate=rep, checkpoint=ckpt, seed=seed, **result[ckpt, n, seed])
-                            for rep, ckpt in enumerate(arm) for seed in range(p.seeds)]) for n in names}
-    for sc in scores.values():
-        sc.update(mean_std([r["test"]["main"] for r in sc["runs"]]), replicate_means=[
-            float(np.mean([r["test"]["main"] for r in sc["runs"] if r["replicate"] == k])) for k in range(len(arm))])
+                            for rep, ckpt in enumerate(arm) for seed in range(protocol.seeds)])
+              for n in names}
+    for score in scores.values():
+        mains = [r["test"]["main"] for r in score["runs"]]
+        score.update(mean_std(mains), replicate_means=[
+            float(np.mean([r["test"]["main"] for r in score["runs"] if r["replicate"] == k]))
+            for k in range(len(arm))])
     # the average column: each (replicate, seed) run's mean over tasks, then mean +- std
     per_run = [float(np.mean([scores[n]["runs"][i]["test"]["main"] for n in names]))
-               for i in range(len(arm) * p.seeds)]
+               for i in range(len(arm) * protocol.seeds)]
     scores["average"] = dict(mean_std(per_run), per_run=per_run)
     return scores
 
-# ----------------------------------------------------------------------------------------
-# The grid: every (checkpoint, task, seed) is a cell, a run that writes its own JSON under
+# ---- The grid: every (checkpoint, task, seed) is a cell, a run that writes its own JSON under
 # <out_dir>/cells, skipped when that holds the same protocol, checkpoint and task data: the same
 # command resumes a killed grid. --shard i/n runs cells i, i+n, ... (a process per GPU, a SLURM
-# array); the process that finds every cell done writes the results.
-# ----------------------------------------------------------------------------------------
-def grid_cells(p, arms, task_specs):
-    """Read and check every task and checkpoint (all errors come before any training) -> every cell,
-    in the fixed order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, identity)."""
-    read = {name: tasks.read_task(name, kind, path, KINDS, frozen) for name, kind, path, frozen in task_specs}
-    data = {name: dict(kind=kind, probe=frozen or p.probe, files=tasks.digest(f for f, _ in read[name]["raw"].values()))
+# array); the process that finds every cell done writes the results. ----
+def slug(name):
+    """A checkpoint or task name as one file name."""
+    return re.sub(r"[^\w-]+", "_", name)
+
+def checkpoint_files(ckpt):
+    return [os.path.join(hf_dir(ckpt), f) for f in ("config.json", "model.safetensors",
+                                                    "tokenizer.json")]
+
+def grid_cells(protocol, arms, task_specs):
+    """Read and check every task and checkpoint (all errors come before any training) -> every
+    cell, in the fixed order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read,
+    file, identity)."""
+    read = {name: tasks.read_task(name, kind, path, KINDS, frozen)
+            for name, kind, path, frozen in task_specs}
+    data = {name: dict(kind=kind, probe=frozen or protocol.probe,
+                       files=tasks.digest(f for f, _ in read[name]["raw"].values()))
             for name, kind, _, frozen in task_specs}
-    files = lambda ckpt: [os.path.join(hf_dir(ckpt), f) for f in ("config.json", "model.safetensors", "tokenizer.json")]
-    digest = {ckpt: load_encoder(ckpt) and tasks.digest(files(ckpt)) for arm in arms for ckpt in arm}  # loaded: checked
-    protocol, slug = {k: getattr(p, k) for k in REPORTED}, lambda s: re.sub(r"[^\w-]+", "_", s)  # one file name
+    digest = {ckpt: load_encoder(ckpt) and tasks.digest(checkpoint_files(ckpt))  # loaded: checked
+              for arm in arms for ckpt in arm}
+    settings = {k: getattr(protocol, k) for k in REPORTED}
+
+    def cell_file(ckpt, name, seed):
+        return os.path.join(protocol.out_dir, "cells", slug(os.path.normpath(ckpt)),
+                            f"{slug(name)}.seed{seed}.json")
     return [dict(key=(ckpt, name, seed), checkpoint=ckpt, task=name, seed=seed, read=read[name],
-                 file=os.path.join(p.out_dir, "cells", slug(os.path.normpath(ckpt)), f"{slug(name)}.seed{seed}.json"),
-                 identity=dict(protocol=protocol, checkpoint=digest[ckpt], task=data[name]))
-            for arm in arms for ckpt in arm for name, *_ in task_specs for seed in range(p.seeds)]
+                 file=cell_file(ckpt, name, seed),
+                 identity=dict(protocol=settings, checkpoint=digest[ckpt], task=data[name]))
+            for arm in arms for ckpt in arm for name, *_ in task_specs
+            for seed in range(protocol.seeds)]
+
+def changes(old, new):
+    """Why a cell made with identity `old` differs from `new`: the settings and files changed."""
+    settings = [f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"].items()
+                if old["protocol"].get(k) != v]
+    files = [f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]]
+    return "made with " + ", ".join(settings + files)
 
 def cells_done(cells, quiet=False):
-    """{key: result} of the cells whose JSON is there, complete and made with the cell's identity; the
-    other files (corrupt, or made with another protocol, checkpoint or task data) are named, one line per reason."""
-    done, skipped = {}, {}
-    for c in cells:
+    """{key: result} of the cells whose JSON is there, complete and made with the cell's identity;
+    the other files (corrupt, or made with another protocol, checkpoint or task data) are named,
+    one line per reason."""
+    done = {}
+    skipped = {}
+    for cell in cells:
         try:
-            with open(c["file"], "rb") as f:
-                d = json.loads(f.read())
-            old, new, r = d["identity"], c["identity"], d["result"]
-            assert {"dev", "test", "epoch", "losses"} <= set(r) and d["checkpoint"] == c["checkpoint"]
-            why = "made with " + ", ".join([f"{k} {old['protocol'].get(k)} (now {v})" for k, v in new["protocol"]
-                                            .items() if old["protocol"].get(k) != v] + [
-                f"other {k} files" for k in ("checkpoint", "task") if old[k] != new[k]])
-        except FileNotFoundError:
+            with open(cell["file"], "rb") as f:
+                saved = json.loads(f.read())
+            old = saved["identity"]
+            result = saved["result"]
+            assert {"dev", "test", "epoch", "losses"} <= set(result)
+            assert saved["checkpoint"] == cell["checkpoint"]
+            why = changes(old, cell["identity"])
+        except (FileNotFoundError, NotADirectoryError):  # not there (a bad --out_dir: see writing)
             continue
         except (ValueError, KeyError, TypeError, AttributeError, AssertionError):
-            old, why = None, "not a complete cell result (corrupt?)"
-        if old == c["identity"]:
-            done[c["key"]] = r
+            old = None
+            why = "not a complete cell result (corrupt?)"
+        if old == cell["identity"]:
+            done[cell["key"]] = result
         else:
-            skipped.setdefault(why, []).append(c["file"])
+            skipped.setdefault(why, []).append(cell["file"])
     for why, files in skipped.items() if not quiet else ():
         others = f" and {len(files) - 1} other cells" * (len(files) > 1)
         print(f"note: {files[0]}{others} {why}: not reused, to be run again")
     return done
 
-def run_cells(p, cells, shard):
-    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time; a cell
-    is claimed by a lock on <file>.lock; one held elsewhere is waited for at the end (run here if its process
-    died), so each process ends with its grid whole: two grids sharing cells both report. `shard`: printed."""
-    dev, model, task, done = get_device(p), (None,), (None,), cells_done(cells)
-    print(f"{shard}: {len(cells)} here, {len(done)} of them done already")
-    todo = [(c, fcntl.LOCK_NB) for c in cells if c["key"] not in done]
-    for c, nonblocking in todo:  # grows: a cell held elsewhere comes back once, at the end, waiting for its lock
-        os.makedirs(os.path.dirname(c["file"]), exist_ok=True)
-        with open(c["file"] + ".lock", "a") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | nonblocking)  # released when the process ends, killed or not
-            except BlockingIOError:
-                print(f"{c['file']}: another process is running this cell; left to it, waited for at the end")
-                todo.append((c, 0))
-                continue
-            except OSError:  # no locks on this filesystem (Lustre without flock): distinct shards never share a cell
-                print(f"note: {lock.name} cannot be locked on this filesystem; the cell runs unlocked")
-            if cells_done([c], quiet=True):  # finished by another process meanwhile
-                continue
-            if model[0] != c["checkpoint"]:
-                model = (c["checkpoint"], *load_encoder(c["checkpoint"]))
-                model[1].to(dev)
-            if task[0] != c["key"][:2]:  # a frozen encoder's features: once for all seeds
-                t = encode_task(p, c["read"], model[2])
-                task = (c["key"][:2], t, probe_features(p, model[1], t) if t["probe"] or p.probe else None)
-            t0, name = time.time(), os.path.basename(c["checkpoint"].rstrip("/"))
-            r = finetune_one(p, model[1], task[1], c["seed"], task[2], desc=f"{name} {c['task']} seed {c['seed']}")
-            cell = dict({k: c[k] for k in ("checkpoint", "task", "seed", "identity")}, device=str(dev), result=r)
-            detour.atomic_write(c["file"], lambda f: f.write(json.dumps(cell, indent=1).encode("utf-8")))
-            os.remove(lock.name)
-            print(f"{c['checkpoint']} {c['task']} seed {c['seed']}: dev {100 * r['dev']['main']:.2f} "
-                  f"test {100 * r['test']['main']:.2f} (epoch {r['epoch']}, {time.time() - t0:.0f}s)")
+def claimed(lock, flags, cell):
+    """Whether this process holds the cell's lock (flock `flags`; released when the process ends,
+    killed or not); False: another process runs the cell."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | flags)
+    except BlockingIOError:
+        print(f"{cell['file']}: another process is running this cell; left to it, waited for at "
+              "the end")
+        return False
+    except OSError:  # no locks on this filesystem (Lustre without flock): shards share no cell
+        print(f"note: {lock.name} cannot be locked on this filesystem; the cell runs unlocked")
+    return True
 
-def run(p, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or tasks.parse_tasks' list),
-    seeds 0..p.seeds-1, as cells (p.shard's; none with p.merge); once all are done, compare the first arm with the
-    second, write <p.out_dir>/<report>.md (`note` above the table) and .json -> results (None while cells miss)"""
+def run_cells(protocol, cells, shard):
+    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time;
+    a cell is claimed by a lock on <file>.lock; one held elsewhere is waited for at the end (run
+    here if its process died), so each process ends with its grid whole: two grids sharing cells
+    both report. `shard`: printed."""
+    dev = get_device(protocol)
+    loaded = (None,)   # (checkpoint, model, tokenizer)
+    encoded = (None,)  # ((checkpoint, task name), task, a frozen encoder's features: for all seeds)
+    done = cells_done(cells)
+    print(f"{shard}: {len(cells)} here, {len(done)} of them done already")
+    todo = [(cell, fcntl.LOCK_NB) for cell in cells if cell["key"] not in done]
+    for cell, flags in todo:  # grows: a cell held elsewhere comes back once, at the end, waiting
+        with writing(cell["file"] + ".lock"):
+            os.makedirs(os.path.dirname(cell["file"]), exist_ok=True)
+            lock = open(cell["file"] + ".lock", "a")
+        with lock:
+            if not claimed(lock, flags, cell):
+                todo.append((cell, 0))
+                continue
+            if cells_done([cell], quiet=True):  # finished by another process meanwhile
+                continue
+            if loaded[0] != cell["checkpoint"]:
+                loaded = (cell["checkpoint"], *load_encoder(cell["checkpoint"]))
+                loaded[1].to(dev)
+            if encoded[0] != cell["key"][:2]:
+                task = encode_task(protocol, cell["read"], loaded[2])
+                probed = task["probe"] or protocol.probe
+                feats = probe_features(protocol, loaded[1], task) if probed else None
+                encoded = (cell["key"][:2], task, feats)
+            run_cell(protocol, cell, loaded[1], *encoded[1:], dev)
+            os.remove(lock.name)
+
+def run_cell(protocol, cell, model, task, feats, dev):
+    """Fine-tune one cell and save its JSON."""
+    start = time.time()
+    name = os.path.basename(cell["checkpoint"].rstrip("/"))
+    desc = f"{name} {cell['task']} seed {cell['seed']}"
+    result = finetune_one(protocol, model, task, cell["seed"], feats, desc=desc)
+    saved = dict({k: cell[k] for k in ("checkpoint", "task", "seed", "identity")},
+                 device=str(dev), result=result)
+    with writing(cell["file"]):
+        detour.atomic_write(cell["file"], lambda f: f.write(json.dumps(saved, indent=1).encode()))
+    print(f"{cell['checkpoint']} {cell['task']} seed {cell['seed']}: "
+          f"dev {100 * result['dev']['main']:.2f} test {100 * result['test']['main']:.2f} "
+          f"(epoch {result['epoch']}, {time.time() - start:.0f}s)")
+
+def run(protocol, ckpt_paths, task_specs, report="results", note=""):
+    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or
+    tasks.parse_tasks' list), seeds 0..seeds-1, as cells (the shard's; none with --merge); once all
+    are done, compare the first arm with the second, write <out_dir>/<report>.md (`note` above the
+    table) and .json -> results (None while cells miss)"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
-            tasks.build_default_tasks(p)
-        task_specs = tasks.parse_tasks(task_specs, p.tasks_dir, KINDS)
-    cells, (shard, n) = grid_cells(p, arms, task_specs), (int(x) for x in (p.shard or "0/1").split("/"))
-    if not p.merge:
-        run_cells(p, cells[shard::n], f"shard {shard}/{n} of {len(cells)} cells")
+            tasks.build_default_tasks(protocol)
+        task_specs = tasks.parse_tasks(task_specs, protocol.tasks_dir, KINDS)
+    cells = grid_cells(protocol, arms, task_specs)
+    shard, n = (int(x) for x in (protocol.shard or "0/1").split("/"))
+    if not protocol.merge:
+        run_cells(protocol, cells[shard::n], f"shard {shard}/{n} of {len(cells)} cells")
     result = cells_done(cells)
-    missing = [c["file"] for c in cells if c["key"] not in result]
+    missing = [cell["file"] for cell in cells if cell["key"] not in result]
     if missing:
-        what = f"{len(missing)} of {len(cells)} cells not done ({', '.join(missing[:3])}{', ...' * (len(missing) > 3)})"
-        if p.merge:
+        listed_files = ", ".join(missing[:3]) + ", ..." * (len(missing) > 3)
+        what = f"{len(missing)} of {len(cells)} cells not done ({listed_files})"
+        if protocol.merge:
             fail(f"{what}; run every shard first (the same command without --merge true)")
-        return print(f"{what}; the process that finishes the last one writes {report}.md (or: --merge true)")
-    labels, read = ["+".join(arm) for arm in arms], {c["task"]: c["read"] for c in cells}
-    results = dict(checkpoints=labels, seeds=list(range(p.seeds)), tasks=[
-        dict(name=name, kind=kind, path=path, main=KINDS[kind].main, probe=frozen or p.probe,
-             labels=read[name]["labels"]) for name, kind, path, frozen in task_specs], scores={},
-        protocol=cells[0]["identity"]["protocol"])
+        return print(f"{what}; the process that finishes the last one writes {report}.md "
+                     "(or: --merge true)")
+    read = {cell["task"]: cell["read"] for cell in cells}
+    results = dict(checkpoints=["+".join(arm) for arm in arms], seeds=list(range(protocol.seeds)),
+                   tasks=[dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
+                               probe=frozen or protocol.probe, labels=read[name]["labels"])
+                          for name, kind, path, frozen in task_specs],
+                   scores={}, protocol=cells[0]["identity"]["protocol"])
     if note:
         results["note"] = note
-    for label, arm in zip(labels, arms):
-        results["scores"][label] = arm_scores(p, arm, [t[0] for t in task_specs], result)
+    names = [spec[0] for spec in task_specs]
+    for label, arm in zip(results["checkpoints"], arms):
+        results["scores"][label] = arm_scores(protocol, arm, names, result)
     if len(arms) >= 2:
-        compare(results, [t[0] for t in task_specs], *labels[:2], samples=p.bootstrap_samples)
-    return write_report(p, report, results, markdown(results, p.bootstrap_samples))
+        compare(results, names, *results["checkpoints"][:2], samples=protocol.bootstrap_samples)
+    return write_report(protocol, report, results, markdown(results, protocol.bootstrap_samples))
 
+# ---- The report. ----
 def md_table(head, rows):
     """A markdown table: the header's cells, the rule, then each row's cells."""
-    line = lambda cells: "| " + " | ".join(cells) + " |"
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
     return [line(head), "|---" * len(head) + "|"] + [line(cells) for cells in rows]
+
+def pct(x):
+    return f"{100 * x:.1f}"
+
+def score_rows(results):
+    """The main table's rows: each arm (mean ± std), its replicates, the difference [95% CI]."""
+    names = [t["name"] for t in results["tasks"]]
+    rows = []
+    for ckpt in results["checkpoints"]:
+        scores = results["scores"][ckpt]
+        rows.append([ckpt] + [f"{pct(scores[n]['mean'])} ± {pct(scores[n]['std'])}"
+                              for n in names + ["average"]])
+        for k, rep in enumerate(ckpt.split("+") if "+" in ckpt else []):  # seeds averaged
+            means = [scores[n]["replicate_means"][k] for n in names]
+            rows.append([f"· replicate {k + 1}: {rep}"] + [pct(x) for x in means]
+                        + [pct(np.mean(means))])
+    if "difference" in results:
+        d = results["difference"]
+        ci = results["ci95"]
+        # no interval from one unit
+        none = dict.fromkeys(names, "n/a (1 replicate)") | {"average": "n/a (1 unit)"}
+        rows.append(["difference (first − second arm) [95% CI]"] + [
+            f"{100 * d[n]:+.1f} " + (f"[{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" if ci[n]
+                                     else f"[{none[n]}]") for n in names + ["average"]])
+    return rows
+
+def statistics_text(results, replicates, bootstrap_samples):
+    """The paragraph under the table: the units, both tests, the intervals, the detectable
+    difference."""
+    n = len(results["units"])
+    boot = results["p_bootstrap"]
+    if boot is None:
+        bootstrap = f" (no bootstrap p below {BOOTSTRAP_UNITS} units). "
+    else:
+        bootstrap = (f"; paired bootstrap p = {format_p(boot)} ({bootstrap_samples} resamples, "
+                     "anti-conservative for few units). ")
+    per_task = ("95% CI per task: t interval over the replicates (pretraining and fine-tuning "
+                "noise)")
+    if replicates == 1:
+        per_task = ("95% CI per task: none, one pretraining run per arm (its seeds: fine-tuning "
+                    "noise only)")
+    return (f"Units: the {n} (task × pretraining replicate) paired differences, each the first's "
+            "mean over fine-tuning seeds minus the second's. One-sided tests that the first beats "
+            f"the second: exact sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = "
+            f"{format_p(0.5 ** n)})" + bootstrap + per_task + "; for the average, over the units. "
+            "Smallest average difference this design detects (80% power, one-sided 5%, from the "
+            f"units' spread): {100 * results['detectable_difference']:.1f} points.")
 
 def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
-    pct, names = lambda x: f"{100 * x:.1f}", [t["name"] for t in results["tasks"]]
-    rows = []
-    for ckpt in results["checkpoints"]:
-        sc = results["scores"][ckpt]
-        rows.append([ckpt] + [f"{pct(sc[n]['mean'])} ± {pct(sc[n]['std'])}" for n in names + ["average"]])
-        for k, rep in enumerate(ckpt.split("+") if "+" in ckpt else []):  # each replicate, seeds averaged
-            means = [sc[n]["replicate_means"][k] for n in names]
-            rows.append([f"· replicate {k + 1}: {rep}"] + [pct(x) for x in means] + [pct(np.mean(means))])
-    if "difference" in results:
-        d, ci = results["difference"], results["ci95"]
-        na = dict.fromkeys(names, "n/a (1 replicate)") | {"average": "n/a (1 unit)"}  # no interval from one unit
-        rows.append(["difference (first − second arm) [95% CI]"] + [f"{100 * d[n]:+.1f} " + (
-            f"[{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" if ci[n] else f"[{na[n]}]") for n in names + ["average"]])
+    names = [t["name"] for t in results["tasks"]]
     cols = [f"{t['name']} ({t['main']}{', probe' if t['probe'] else ''})" for t in results["tasks"]]
     lines = [results["note"], ""] if results.get("note") else []
-    lines += md_table(["checkpoint"] + cols + ["average"], rows)
-    reps = len(results["scores"][results["checkpoints"][0]][names[0]].get("replicate_means", [0]))
-    lines += ["", f"Test-set scores in %, mean ± std over all runs ({reps} pretraining replicate(s) x seeds "
-              f"{results['seeds']}); each run's epoch is chosen on dev. average: the mean over tasks of each "
-              "run, then mean ± std over runs."]
+    lines += md_table(["checkpoint"] + cols + ["average"], score_rows(results))
+    first = results["scores"][results["checkpoints"][0]][names[0]]
+    replicates = len(first.get("replicate_means", [0]))
+    lines += ["", f"Test-set scores in %, mean ± std over all runs ({replicates} pretraining "
+              f"replicate(s) x seeds {results['seeds']}); each run's epoch is chosen on dev. "
+              "average: the mean over tasks of each run, then mean ± std over runs."]
     if "difference" in results:
-        n, boot = len(results["units"]), results["p_bootstrap"]
-        lines += ["", f"Units: the {n} (task × pretraining replicate) paired differences, each the first's mean over "
-                  f"fine-tuning seeds minus the second's. One-sided tests that the first beats the second: exact "
-                  f"sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = {format_p(0.5 ** n)})"
-                  + (f"; paired bootstrap p = {format_p(boot)} ({bootstrap_samples} resamples, anti-conservative for "
-                     "few units). " if boot is not None else f" (no bootstrap p below {BOOTSTRAP_UNITS} units). ")
-                  + ("95% CI per task: t interval over the replicates (pretraining and fine-tuning noise)" if reps > 1
-                     else "95% CI per task: none, one pretraining run per arm (its seeds: fine-tuning noise only)")
-                  + "; for the average, over the units. Smallest average difference this design detects (80% power, "
-                  f"one-sided 5%, from the units' spread): {100 * results['detectable_difference']:.1f} points."]
+        lines += ["", statistics_text(results, replicates, bootstrap_samples)]
     for name in names:
         runs = {c: results["scores"][c][name]["runs"] for c in results["checkpoints"]}
         groups = list(next(iter(runs.values()))[0]["test"].get("groups", {}))
@@ -720,229 +906,79 @@ def markdown(results, bootstrap_samples):
             lines += md_table(["checkpoint"] + groups, accs)
     return "\n".join(lines) + "\n"
 
-def write_report(p, name, results, text):
-    """<p.out_dir>/<name>.md (the text, also printed) and .json (the results), written atomically. -> results"""
-    os.makedirs(p.out_dir, exist_ok=True)
+@contextlib.contextmanager
+def writing(path):
+    """Around the writes to a path: a filesystem error that bad input causes (a file where a
+    directory goes, no permission, a full disk) ends in one line naming the path, no traceback."""
+    try:
+        yield
+    except OSError as e:
+        fail(f"cannot write {path} ({e.strerror or e}); give --out_dir a directory this user can "
+             "write (a missing one is created)")
+
+def write_report(protocol, name, results, text):
+    """<out_dir>/<name>.md (the text, also printed) and .json (the results), written atomically.
+    -> results"""
+    with writing(protocol.out_dir):
+        os.makedirs(protocol.out_dir, exist_ok=True)
     for ext, content in ((".md", text), (".json", json.dumps(results, indent=1))):
-        detour.atomic_write(os.path.join(p.out_dir, name + ext), lambda f: f.write(content.encode("utf-8")))
-    print("\n" + text + f"\nwritten to {p.out_dir}/{name}.md and {name}.json")
+        path = os.path.join(protocol.out_dir, name + ext)
+        with writing(path):
+            detour.atomic_write(path, lambda f: f.write(content.encode("utf-8")))
+    print("\n" + text + f"\nwritten to {protocol.out_dir}/{name}.md and {name}.json")
     return results
 
-def main(argv=None):
-    """The command line -> one Protocol (defaults, --key overrides, CPU default) -> run or an analysis."""
-    settings = asdict(Protocol())
-    given = detour.apply_overrides(settings, sys.argv[1:] if argv is None else argv, "finetune.py",
-                                   ("class Protocol", "\nCPU_DEFAULTS"))
-    array = {k: os.environ.get("SLURM_ARRAY_TASK_" + k, "0" if k == "MIN" else "") for k in ("ID", "MIN", "COUNT")}
-    if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in os.environ:  # a SLURM job array: one shard per array task
-        if bad := next((k for k, v in array.items() if not v.isdigit()), None):
-            fail(f"$SLURM_ARRAY_TASK_{bad} is {array[bad]!r}, not a number; give --shard i/n (it wins over the array)")
-        settings["shard"] = f"{int(array['ID']) - int(array['MIN'])}/{array['COUNT']}"
-    detour.check(settings, RULES, "finetune.py")
-    for key in ("out_dir", "tasks_dir"):  # before anything is read or written
+# ---- The command line. ----
+def array_shard():
+    """In a SLURM job array, one shard per array task: $SLURM_ARRAY_TASK_ID - _MIN of _COUNT."""
+    array = {k: os.environ.get("SLURM_ARRAY_TASK_" + k, "0" if k == "MIN" else "")
+             for k in ("ID", "MIN", "COUNT")}
+    if bad := next((k for k, v in array.items() if not v.isdigit()), None):
+        fail(f"$SLURM_ARRAY_TASK_{bad} is {array[bad]!r}, not a number; give --shard i/n (it wins "
+             "over the array)")
+    return f"{int(array['ID']) - int(array['MIN'])}/{array['COUNT']}"
+
+def protocol_of(argv, protocol_class=Protocol, rules=RULES, prog="finetune.py"):
+    """The command line -> (a protocol_class: defaults, --key overrides, a SLURM array's shard,
+    checked before anything is read or written; {key: value given})."""
+    settings = asdict(protocol_class())
+    given = detour.apply_overrides(settings, argv, prog, ("class Protocol", "\nCPU_DEFAULTS"))
+    if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in os.environ:
+        settings["shard"] = array_shard()
+    detour.check(settings, rules, prog)
+    for key in ("out_dir", "tasks_dir"):
         if os.path.exists(settings[key]) and not os.path.isdir(settings[key]):
-            fail(f"--{key} {settings[key]} is a file, not a directory; give a directory (it is created if missing)")
-    p = Protocol(**settings)
-    paths = [q.strip() for q in p.ckpts.split(",") if q.strip()]  # "A1+A2": replicates of one arm
-    if p.analysis in ("cka", "drift"):  # no fine-tuning: the CPU default does not apply
-        return (cka_divergence if p.analysis == "cka" else drift)(p, paths)
-    if p.analysis == "transplant" and not p.layers:
-        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
-    if get_device(p).type == "cpu":  # the CPU default (see the Protocol): unless given explicitly
-        p = replace(p, **{k: getattr(p, "cpu_" + k) for k in CPU_DEFAULTS if k not in given})
-        print(f"CPU default: {p.epochs} epochs ({p.ner_epochs} for NER), {p.seeds} seeds, lr {p.learning_rate:g} "
-              "(paper: 10 / 20 epochs, 5 seeds, 5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
-    if p.analysis == "transplant":
-        return transplant(p, paths, p.layers, p.tasks)
+            fail(f"--{key} {settings[key]} is a file, not a directory; give a directory (it is "
+                 "created if missing)")
+    return protocol_class(**settings), given
+
+def cpu_default(protocol, given):
+    """On a CPU, the cpu_<key> values (see the Protocol) for the keys of CPU_DEFAULTS not given."""
+    if get_device(protocol).type != "cpu":
+        return protocol
+    protocol = replace(protocol, **{k: getattr(protocol, "cpu_" + k)
+                                    for k in CPU_DEFAULTS if k not in given})
+    print(f"CPU default: {protocol.epochs} epochs ({protocol.ner_epochs} for NER), "
+          f"{protocol.seeds} seeds, lr {protocol.learning_rate:g} (paper: 10 / 20 epochs, 5 seeds, "
+          "5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
+    return protocol
+
+def listed(ckpts):
+    """--ckpts -> its checkpoints ("A1+A2": replicates of one arm)."""
+    return [q.strip() for q in ckpts.split(",") if q.strip()]
+
+def main(argv=None):
+    """The command line -> one Protocol (defaults, --key overrides, CPU default) -> run."""
+    protocol, given = protocol_of(sys.argv[1:] if argv is None else argv)
+    paths = listed(protocol.ckpts)
+    protocol = cpu_default(protocol, given)
     found = [q for q in paths if all(os.path.isdir(r) for r in q.split("+") if r)]
     if not found:
-        fail(f"no checkpoint found among {', '.join(paths)}; train them (the README's quick start) or pass --ckpts")
+        fail(f"no checkpoint found among {', '.join(paths)}; train them (the README's quick start) "
+             "or pass --ckpts")
     for q in [q for q in paths if q not in found]:
         print(f"note: {q} not found, skipped")
-    return run(p, found, p.tasks)
-
-
-# ========================================================================================
-# Analyses: why does the detour work? The paper's analyses, built on the functions above (--analysis;
-# layers are numbered from 0, as in --freeze_layers; results in <out_dir>/<mode>.md and .json):
-#   cka         d = 1 - linear CKA per layer between A and B on held-out sentences (--texts); a
-#               third checkpoint C, B's seed twin, adds r = d(A, B) / d(B, C)
-#   drift       where the detour moved the weights: ||W - W0|| / ||W0|| per layer, attention and MLP apart
-#   transplant  which layers carry the gain: a layer group (0-7, attn or mlp) of A put into B, linear-probed
-# ========================================================================================
-def linear_cka(x, y):
-    """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
-    inputs: ||Y'X||^2 / (||X'X|| ||Y'Y||) of the centered columns; 1 = the same up to a rotation and
-    a scale, near 0 = unrelated. Float64: the terms are fourth powers of the activations."""
-    x = np.asarray(x, np.float64) - np.mean(x, 0)
-    y = np.asarray(y, np.float64) - np.mean(y, 0)
-    return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
-
-def text_examples(p, tokenizer, path):
-    """A text file -> examples {ids}: each sentence of each line as [CLS] sentence [SEP], cut into
-    chunks of p.max_len. Sentences, not lines: CKA needs many more inputs than hidden dimensions."""
-    cls, sep, room = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), p.max_len - 2
-    out = []
-    for line in tasks.read_lines(path):
-        for sentence in re.split(r"(?<=[.!?])\s+", line.strip()):
-            ids = tokenizer.encode(sentence, add_special_tokens=False).ids
-            out += [dict(ids=[cls] + ids[s:s + room] + [sep]) for s in range(0, len(ids), room)]
-    if not out:
-        fail(f"{path} holds no text")
-    return out
-
-def layer_features(p, model, examples):
-    """Every example's hidden states mean-pooled over its real tokens, at the embedding output and
-    after each layer -> L + 1 float64 arrays (n, d); bidirectional, as the encoder is used downstream."""
-    dev = get_device(p)
-    body = model.model.to(dev)
-
-    def pooled(idx):  # (B, L + 1, d); float64, which autocast leaves alone
-        ids, mask, _ = pad_batch([examples[i] for i in idx], body.config.pad_token_id, dev)
-        m = mask.unsqueeze(-1).double()
-        hidden = body(ids, attention_mask=mask, output_hidden_states=True)[1]
-        return torch.stack([(h.double() * m).sum(1) / m.sum(1) for h in hidden], 1)
-    return [f.numpy() for f in torch.stack(per_example(p, body, examples, dev, pooled), 1)]
-
-def same_tokenizer(tokenizers, paths):
-    if any(t.get_vocab() != tokenizers[0].get_vocab() for t in tokenizers):
-        fail(f"{', '.join(paths)} do not share one tokenizer; the analysis feeds them the same token ids")
-
-def cka_divergence(p, paths, text_path=None):
-    """d = 1 - linear CKA between checkpoints A and B on held-out sentences, at the embedding
-    output and after every layer. A third checkpoint C, B's seed-noise control (B's objective,
-    another seed), adds d(B, C) and r = d(A, B) / d(B, C): how many times seed noise A and B differ."""
-    if len(paths) not in (2, 3):
-        fail("--analysis cka needs --ckpts A,B or A,B,C (C: B's twin trained with another seed)")
-    text_path = text_path or p.texts or os.path.join(p.pretrain_dir, "val.txt")
-    if not os.path.isfile(text_path):
-        fail(f"{text_path} is not a file; pass --texts (a file, one text per line) or run data/prepare.py")
-    feats, tokenizers, examples = [], [], None
-    for path in paths:
-        model, tokenizer = load_encoder(path)
-        tokenizers.append(tokenizer)
-        same_tokenizer(tokenizers, paths)
-        examples = examples or text_examples(p, tokenizer, text_path)
-        print(f"cka: {path} on {len(examples)} sentences of {text_path}")
-        feats.append(layer_features(p, model, examples))
-    if len({len(f) for f in feats}) > 1:
-        fail(f"{', '.join(paths)} differ in depth; CKA is compared layer by layer")
-    # d per layer; CKA <= 1 (Cauchy-Schwarz), max() only hides rounding below 0
-    d = lambda i, j, l: max(0.0, 1 - linear_cka(feats[i][l], feats[j][l]))
-    rows = [dict(layer=name, d_ab=d(0, 1, l))
-            for l, name in enumerate(["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)])]
-    for l, row in enumerate(rows if len(paths) == 3 else []):
-        row["d_bc"] = d(1, 2, l)
-        row["r"] = row["d_ab"] / row["d_bc"] if row["d_bc"] > 0 else None
-    results = dict(checkpoints=dict(zip("ABC", paths)), texts=text_path, n_texts=len(examples),
-                   max_len=p.max_len, rows=rows)
-    control = len(paths) == 3  # the report: a row per layer, the columns of C only with C
-    cells = lambda row: [row["layer"], f"{row['d_ab']:.4f}"] + (
-        [f"{row['d_bc']:.4f}", "—" if row["r"] is None else f"{row['r']:.2f}"] if control else [])
-    lines = md_table(["layer", "d(A, B)"] + (["d(B, C)", "r = d(A, B) / d(B, C)"] if control else []),
-                     [cells(row) for row in rows])
-    lines += [""] + [f"{k}: {path}" for k, path in results["checkpoints"].items()]
-    lines.append(f"d = 1 - linear CKA of mean-pooled hidden states (padding excluded) on "
-                 f"{len(examples)} sentences of {text_path}; layer i = the output of layer i.")
-    if control:
-        lines.append("r > 1: A and B differ by more than two seeds of B's objective do.")
-    return write_report(p, "cka", results, "\n".join(lines) + "\n")
-
-def part_of(name):
-    """A parameter name -> (part, layer): ("attn", i) for layer i's Wqkv, Wo, attn_norm, ("mlp", i)
-    for its Wi, Wo, mlp_norm, ("embeddings", None), or ("head", None): the final norm and MLM head."""
-    m = re.match(r"model\.layers\.(\d+)\.(attn|mlp)", name)  # also matches attn_norm, mlp_norm
-    if m:
-        return m.group(2), int(m.group(1))
-    return ("embeddings" if name.startswith("model.embeddings.") else "head"), None
-
-def same_shapes(a, b, paths):
-    shapes = lambda m: {n: tuple(w.shape) for n, w in m.named_parameters()}
-    if shapes(a) != shapes(b):
-        fail(f"{paths[0]} and {paths[1]} do not have the same architecture (parameter names and shapes)")
-
-def weight_drift(model, init):
-    """Relative Frobenius change ||W - W0|| / ||W0|| of `model` from `init` per part (part_of; its tensors
-    as one W), and per tensor: a norm's gain (1 at init, norm sqrt(d)) weighs as much as a std-0.02 matrix
-    of d^2 entries. -> ({(part, layer): change}, {parameter name: change})"""
-    start, sums, tensors = dict(init.named_parameters()), {}, {}
-    ratio = lambda d2, b2: math.sqrt(d2 / b2) if b2 else None  # None: W0 = 0 (a zero-initialized bias)
-    for name, w in model.named_parameters():
-        w0 = start[name].detach().double()
-        d2, b2 = float(((w.detach().double() - w0) ** 2).sum()), float((w0 ** 2).sum())
-        tensors[name] = ratio(d2, b2)
-        s = sums.setdefault(part_of(name), [0.0, 0.0])
-        s[0], s[1] = s[0] + d2, s[1] + b2
-    return {k: ratio(*s) for k, s in sums.items()}, tensors
-
-def bar(x, top, width=24):
-    """x as a bar of eighth blocks; `top` fills `width` characters."""
-    eighths = round(8 * width * x / top) if top > 0 else 0
-    return ("█" * (eighths // 8) + " ▏▎▍▌▋▊▉"[eighths % 8]).rstrip().ljust(width)
-
-def drift(p, paths):
-    """weight_drift of checkpoint A from B, its initialization (or any earlier checkpoint of the same shape)."""
-    if len(paths) != 2:
-        fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
-    model, init = (detour.load_hf(hf_dir(path)) for path in paths)  # weights only: no tokenizer needed
-    same_shapes(model, init, paths)
-    d, tensors = weight_drift(model, init)
-    emb, head = d[("embeddings", None)], d[("head", None)]
-    layers = [dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)]) for i in range(model.config.num_hidden_layers)]
-    results = dict(checkpoint=paths[0], init=paths[1], embeddings=emb, layers=layers, head=head, tensors=tensors)
-    # the report: every part as a number and a bar (one scale for all), then as a table
-    top = max([emb, head] + [r[k] for r in layers for k in ("attn", "mlp")])
-    show = lambda x: f"{x:.4f} {bar(x, top)}"
-    chart = [f"embeddings    {show(emb)}"] + [f"layer {r['layer']:2d} attn {show(r['attn'])}  mlp {show(r['mlp'])}"
-                                              for r in layers] + [f"head          {show(head)}"]
-    table = ["| part | attention | MLP |", "|---|---|---|", f"| embeddings | {emb:.4f} | |"]
-    table += [f"| layer {r['layer']} | {r['attn']:.4f} | {r['mlp']:.4f} |" for r in layers]
-    table.append(f"| final norm + MLM head | {head:.4f} | |")
-    return write_report(p, "drift", results, "\n".join(
-        [f"Weight drift of {paths[0]} from {paths[1]}: ||W - W0|| / ||W0|| per part (attention = Wqkv, Wo, attn_norm; "
-         "MLP = Wi, Wo, mlp_norm).", "", "```", *[c.rstrip() for c in chart], "```", "", *table]) + "\n")
-
-def group_names(model, spec):
-    """A layer group's parameters: attn or mlp (that module of every layer, with its norm) or layers 0-7, 0-3,10,
-    where "embeddings" may stand among the layers (embeddings,0: the embeddings and layer 0)."""
-    names, n_layers = [name for name, _ in model.named_parameters()], model.config.num_hidden_layers
-    if spec in ("attn", "mlp"):
-        return [n for n in names if part_of(n)[0] == spec]
-    parts = spec.replace(" ", "").split(",")
-    try:
-        chosen = detour.parse_layers(",".join(q for q in parts if q != "embeddings"), n_layers) + (
-            ["embeddings"] if "embeddings" in parts else [])  # part_of names them ("embeddings", None)
-    except SystemExit:  # parse_layers' message names --freeze_layers
-        chosen = []
-    if not chosen:
-        fail(f"--layers {spec!r} should be attn, mlp or layers like 0-7, 0-3,10 or embeddings,0 (the model has "
-             f"{n_layers}, from 0)")
-    return [n for n in names if part_of(n)[1] in chosen or part_of(n)[0] in chosen]
-
-def transplant_model(donor, recipient, spec):
-    """A copy of `recipient` whose layer group `spec` (see group_names) holds `donor`'s weights."""
-    hybrid, source = copy.deepcopy(recipient), dict(donor.named_parameters())
-    hybrid.load_state_dict({name: source[name] for name in group_names(recipient, spec)}, strict=False)
-    return hybrid
-
-def transplant(p, paths, spec, task_specs):
-    """The hybrids of checkpoints A, B (layer group `spec` from A, the rest from B; A1+A2,B1+B2: one hybrid per
-    replicate pair), saved as HF dirs in p.out_dir and linear-probed next to A and B: a probe keeps the encoder
-    frozen, where fine-tuning would retrain the transplanted layers and blur what they carry."""
-    arms = arms_of(paths)
-    if len(arms) != 2:
-        fail("--analysis transplant needs --ckpts A,B (the layers come from A, the rest from B)")
-    name = "transplant-" + spec.replace(",", "_")
-    hybrids = [os.path.join(p.out_dir, name, f"r{k + 1}") if len(arms[0]) > 1 else os.path.join(p.out_dir, name)
-               for k in range(len(arms[0]))]
-    for pa, pb, hybrid_dir in zip(*arms, hybrids):
-        (a, tok_a), (b, tok_b) = load_encoder(pa), load_encoder(pb)
-        same_tokenizer([tok_a, tok_b], [pa, pb])
-        same_shapes(a, b, [pa, pb])
-        detour.save_hf(transplant_model(a, b, spec), hybrid_dir, os.path.join(hf_dir(pb), "tokenizer.json"))
-    return run(replace(p, probe=True), [paths[0], "+".join(hybrids), paths[1]], task_specs, report=name,
-               note=f"{'+'.join(hybrids)}: layers {spec} from {paths[0]}, the rest from {paths[1]} (linear probes)")
-
+    return run(protocol, found, protocol.tasks)
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,7 @@ grid "$F" "$(arms "" decay 1 2 3)" ft-twins & a=$!
 cka clm-r1-decay mlm-r1-decay mlm-r2-decay cka
 for a in clm mlm; do
   [ -f "$OUT/drift-$a/drift.json" ] ||
-    python finetune.py --analysis drift --ckpts "$OUT/$a-r1-decay,$OUT/theta0-mlm-decay" --out_dir "$OUT/drift-$a"
+    python studies/analysis.py --analysis drift --ckpts "$OUT/$a-r1-decay,$OUT/theta0-mlm-decay" --out_dir "$OUT/drift-$a"
 done
 # The report: every run's last validation losses, then the grids, CKA and drift as they wrote them.
 runs=("$OUT/theta0-mlm-decay")

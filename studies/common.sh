@@ -85,5 +85,5 @@ grid() { grid_done "$3" || timed sh -c "$1 --ckpts $2 --out_dir $OUT/$3${4:+ $4}
 cka() {
   [ -f "$OUT/ncbi_test.txt" ] || { awk 'NF{printf "%s ", $1; next} {print ""}' "$N/NCBI-disease-IOB/test.tsv" > "$OUT/ncbi_test.txt.tmp" &&
     mv "$OUT/ncbi_test.txt.tmp" "$OUT/ncbi_test.txt"; }   # via .tmp: a failed awk leaves no empty file to skip on
-  [ -f "$OUT/$4/cka.json" ] || python finetune.py --analysis cka --ckpts "$OUT/$1,$OUT/$2,$OUT/$3" --texts "$OUT/ncbi_test.txt" --out_dir "$OUT/$4"
+  [ -f "$OUT/$4/cka.json" ] || python studies/analysis.py --analysis cka --ckpts "$OUT/$1,$OUT/$2,$OUT/$3" --texts "$OUT/ncbi_test.txt" --out_dir "$OUT/$4"
 }

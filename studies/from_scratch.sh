@@ -33,6 +33,7 @@ two_at_a_time "${decays[@]}"
 # Downstream on the default tasks (ner, notes, needle): the twins first (it builds the tasks), then the rest two at
 # a time. ft REPORT ARGS...: finetune.py ARGS unless out/REPORT is there.
 ft() { [ -f "out/$1" ] || timed python finetune.py "${@:2}"; }
+an() { [ -f "out/$1" ] || timed python studies/analysis.py "${@:2}"; }  # the analyses
 ft finetune/results.json --ckpts out/clm-decay+out/clm-r2-decay,out/mlm-decay+out/mlm-r2-decay
 grids=("ft finetune/freeze/results.json --ckpts out/clm-decay,out/clm-freeze-low-decay,out/clm-freeze-mid-decay,\
 out/clm-decay-freeze-low,out/mlm-decay --out_dir out/finetune/freeze")
@@ -43,16 +44,16 @@ two_at_a_time "${grids[@]}"
 # Why: CKA per layer on data/default/val.txt, C = the seed-noise control (cka-s18), and C = the MLM replicate 2
 # (out/analysis/cka, which the section cites but gave no command for: another initialization, so no such control).
 for c in s18 r2; do n=cka-$c; [ $c = r2 ] && n=cka
-  ft analysis/$n/cka.json --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-$c-decay --out_dir out/analysis/$n
+  an analysis/$n/cka.json --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-$c-decay --out_dir out/analysis/$n
 done
 # Weight drift of each Phase 1 from the twins' shared initialization.
 for a in clm mlm; do
-  ft analysis/drift-$a/drift.json --analysis drift --ckpts out/$a,out/mlm/init --out_dir out/analysis/drift-$a
+  an analysis/drift-$a/drift.json --analysis drift --ckpts out/$a,out/mlm/init --out_dir out/analysis/drift-$a
 done
 # Transplants: a layer group of the CLM twin into the MLM twin, linear-probed next to both (they share the parents'
 # probe cells).
 for g in 0-1 2-3 4-5 attn mlp; do
-  ft analysis/clm-into-mlm/transplant-$g.json --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers $g \
+  an analysis/clm-into-mlm/transplant-$g.json --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers $g \
     --out_dir out/analysis/clm-into-mlm
 done
 # The report: every run's last validation losses, then every table as the runs wrote it.

@@ -258,7 +258,7 @@ def freeze_report(out, t1000):
 
 def transplant_effect(res):
     """hybrid − MLM twin and CLM − MLM twin, in probe F1 points, from a transplant report (checkpoints: the CLM
-    arm, the hybrid arm, the MLM arm, as finetune.transplant orders them): one unit per (task, replicate)."""
+    arm, the hybrid arm, the MLM arm, as studies/analysis.transplant orders them): one unit per (task, replicate)."""
     clm, hybrid, mlm = res["checkpoints"]
     names = [t["name"] for t in res["tasks"]]
     units = lambda arm: [100 * (x - y) for n in names for x, y in zip(

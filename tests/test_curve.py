@@ -71,7 +71,7 @@ def make_freeze(root, layer, center):
 
 
 def make_transplant(root, report, clm, hybrid):
-    """A transplant report: the CLM arm, the hybrid arm, the MLM arm (finetune.transplant's order), probed."""
+    """A transplant report: the CLM arm, the hybrid arm, the MLM arm (studies/analysis.transplant's order), probed."""
     write_grid(os.path.join(root, "tp-t1000", report + ".json"),
                {"clm": units(clm, 6), "hybrid": units(hybrid, 6), "mlm": [0.0] * 6}, 3)
 

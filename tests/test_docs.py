@@ -13,7 +13,7 @@ What is checked, and where:
 - README.md and docs/: every ```python block compiles, unless its first line is a `# sketch: ...` comment.
 - README.md: at most 2,500 words; its first 60 lines hold the quick-start command and the test command; every
   row of the findings table links to a document in docs/.
-A script's --help runs once per content (pytest's cache, keyed by the hash of the script and detour.py); the first
+A script's --help runs once per content (pytest's cache, keyed by the hash of the script, detour.py and HELP_ALSO); the first
 run gets every script's --help from one process that imports torch once and forks for each script.
 """
 import hashlib
@@ -61,8 +61,9 @@ def rel(path):
 # --------------------------------------------------------------------------- what a script accepts
 
 def help_flags(help_text):
-    """The option names a --help text lists: argparse's --options, or detour/finetune's `name = value` lines."""
-    if "[--key value" in help_text.splitlines()[0]:      # detour.py, finetune.py: one line per constant or field
+    """The option names a --help text lists: argparse's --options, or detour/finetune/analysis' `name = value`
+    lines."""
+    if "[--key value" in help_text.splitlines()[0]:      # detour.py, finetune.py, studies/analysis.py: a line each
         names = set()
         for line in help_text.splitlines()[1:]:
             m = re.match(r"\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*(?::\s*[^=#]+)?=(?!=)", line)
@@ -72,10 +73,15 @@ def help_flags(help_text):
     return set(FLAG.findall(help_text)) | {"help"}
 
 
+# Scripts whose --help also lists another file's options: studies/analysis.py takes finetune.py's Protocol too.
+HELP_ALSO = {"studies/analysis.py": ["finetune.py"]}
+
+
 def _help_key(script):
-    """The files a script's --help depends on: itself, and detour.py (presets, constants) for any script."""
+    """The files a script's --help depends on: itself, detour.py (presets, constants) for any script, and those
+    HELP_ALSO names."""
     h = hashlib.sha256()
-    for p in (script, ROOT / "detour.py"):
+    for p in (script, ROOT / "detour.py", *(ROOT / f for f in HELP_ALSO.get(rel(script), []))):
         h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
@@ -368,8 +374,10 @@ def test_the_checker_catches_what_it_should(flags_of, torchrun_flags):
     assert check_commands("x", ["python detour.py --phase clm --no_such_flag 1"], flags_of)
     assert check_commands("x", ["torchrun --standalone --nproc_per_node=1 detour.py --nope 3"], flags_of)
     assert check_commands("x", ["python bench/no_such_script.py --quick"], flags_of)
-    assert not check_commands("x", ["python finetune.py --analysis cka --ckpts a,b && python data/prepare.py --input x"],
-                              flags_of)
+    assert not check_commands("x", ["python studies/analysis.py --analysis cka --ckpts a,b --seeds 2 && "
+                                    "python data/prepare.py --input x"], flags_of)  # analysis.py: finetune.py's too
+    assert check_commands("x", ["python finetune.py --analysis cka --ckpts a,b"], flags_of)  # moved to studies/
+    assert check_commands("x", ["python studies/analysis.py --analysis cka --no_such_flag 1"], flags_of)
     assert union_problems("x", 'A="--phase clm --nope 1"\npython detour.py $A', flags_of, torchrun_flags)
     assert not union_problems("x", 'A="--phase clm"\ntorchrun --nnodes=2 detour.py $A', flags_of, torchrun_flags)
     assert "the-model" in anchors("# The model\n") and slug("The paper's recipe: at scale") == "the-papers-recipe-at-scale"

@@ -4,6 +4,7 @@ failed run that would have overwritten them (every row points its outputs at the
 case; most run main(argv) in process, the rows marked `cli` run the real command line. Also --help."""
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,12 +14,13 @@ import torch
 import detour
 import finetune as ft
 from data import prepare
+from studies import analysis
 from conftest import ROOT
 
 TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
         "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--max_tokens", "2048"]
 PROGRAMS = {"detour": (detour.main, "detour.py"), "prepare": (prepare.main, "data/prepare.py"),
-            "finetune": (ft.main, "finetune.py")}
+            "finetune": (ft.main, "finetune.py"), "analysis": (analysis.main, "studies/analysis.py")}
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 
 
@@ -50,6 +52,11 @@ def env(tmp_path_factory):
     os.makedirs(os.path.join(root, "task"))
     for split in ("train", "dev", "test"):
         open(os.path.join(root, "task", split + ".jsonl"), "wb").write(b'{"text": "caf\xe9", "label": "a"}\n')
+    os.makedirs(os.path.join(root, "good_task"))
+    for split in ("train", "dev", "test"):
+        rows = "".join(f'{{"text": "document {i}", "label": "{"ab"[i % 2]}"}}\n' for i in range(8))
+        open(os.path.join(root, "good_task", split + ".jsonl"), "w").write(rows)
+    shutil.copytree(os.path.join(out, "hf"), os.path.join(root, "clm_copy"))  # a second checkpoint
     return dict(root=root, data=data, out=out)
 
 
@@ -115,22 +122,31 @@ ROWS = [
     ("finetune", "--max_len 2", "--max_len 2 must be >= 3", ""),
     ("finetune", "--pooling max", "--pooling 'max' must be one of cls | mean", ""),
     ("finetune", "--pos_weight -1", "--pos_weight '-1' must be none | auto | a number > 0", ""),
-    ("finetune", "--analysis pca", "--analysis 'pca' must be one of \"\" | cka | drift | transplant", ""),
+    ("analysis", "--analysis pca", "--analysis 'pca' must be one of cka | drift | transplant", ""),
+    ("analysis", "--seeds 0", "--seeds 0 must be > 0; see python studies/analysis.py --help", "cli"),
+    ("finetune", "--analysis cka", "unknown option --analysis", ""),
     ("finetune", "--dtype fp16", "--dtype 'fp16' must be one of auto | float32 | bfloat16", ""),
     ("finetune", "--device tpu", "--device 'tpu' must be auto | cpu | cuda | cuda:N", ""),
     ("finetune", "--ckpts=", "--ckpts '' must be not empty", ""),
-    ("finetune", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out}", "bad_tok_ckpt/tokenizer.json is not a", ""),
+    ("analysis", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out}", "bad_tok_ckpt/tokenizer.json is not a", ""),
     ("finetune", "--tasks t=cls:{root}/task --ckpts {out} --seeds 1", "task/train.jsonl is not UTF-8 text", ""),
     ("finetune", "--shard 2/2", "--shard '2/2' must be i/n with 0 <= i < n", "cli"),
     ("finetune", "--shard 1", "--shard '1' must be i/n with 0 <= i < n", ""),
     ("finetune", "--out_dir {root}/ok.txt", "ok.txt is a file, not a directory", "cli"),
     ("finetune", "--tasks_dir {root}/ok.txt", "ok.txt is a file, not a directory; give a directory", ""),
     ("finetune", "--tasks t=cls:{root}/ok.txt --seeds 1", "ok.txt is a file; give the directory that holds the split files", ""),
-    ("finetune", "--analysis cka --ckpts {out},{out} --texts {root}", " is not a file; pass --texts (a file", ""),
+    ("analysis", "--analysis cka --ckpts {out},{out} --texts {root}", " is not a file; pass --texts (a file", ""),
+    # a path written under a regular file: one line naming it, not os.makedirs' traceback
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --epochs 1 --out_dir {root}/ok.txt/ft",
+     "ok.txt/ft/cells/", "cli"),
+    ("analysis", "--analysis drift --ckpts {out},{out} --out_dir {root}/ok.txt/an", "ok.txt/an (Not a directory); give --out_dir", "cli"),
+    ("analysis", "--analysis transplant --layers 0 --ckpts {out},{root}/clm_copy --tasks t=cls:{root}/good_task --seeds 1 "
+     "--out_dir {root}/ok.txt/tp", "ok.txt/tp/transplant-0 (Not a directory)", ""),
 ]
 OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
            "prepare": "--out_dir {data} --n_docs 50",
            "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false"}
+OUTPUTS["analysis"] = OUTPUTS["finetune"]
 
 
 @pytest.mark.parametrize("program,args,message,cli", ROWS)
@@ -183,13 +199,15 @@ def test_a_slurm_array_variable_that_is_not_a_number_is_one_line(env, monkeypatc
         env, "finetune", "", f"$SLURM_ARRAY_TASK_{bad} is {value or ''!r}, not a number; give --shard i/n", cli)
 
 
-@pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h")])
+@pytest.mark.parametrize("program,flag", [("detour.py", "--help"), ("finetune.py", "-h"), ("data/prepare.py", "-h"),
+                                          ("studies/analysis.py", "--help")])
 def test_help_lists_every_option_with_its_default_and_comment(program, flag):
     r = subprocess.run([sys.executable, os.path.join(ROOT, program), flag], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    options = dict(detour.DEFAULTS) if program == "detour.py" else vars(ft.Protocol()) if program == "finetune.py" \
-        else dict(vocab_size=8192, n_docs=prepare.DEFAULT_N_DOCS, val_fraction=0.005)
+    options = {"detour.py": dict(detour.DEFAULTS), "finetune.py": vars(ft.Protocol()),
+               "studies/analysis.py": vars(analysis.Analysis()),  # its own options and finetune.py's
+               "data/prepare.py": dict(vocab_size=8192, n_docs=prepare.DEFAULT_N_DOCS, val_fraction=0.005)}[program]
     for key in options:
         assert f"{key}" in r.stdout, key
     if program == "detour.py":
@@ -197,3 +215,6 @@ def test_help_lists_every_option_with_its_default_and_comment(program, flag):
         assert "# optimizer (decoupled AdamW)" in r.stdout and "---" not in r.stdout
     if program == "finetune.py":
         assert 'pooling: str = "mean"           # cls | mean' in r.stdout and "# protocol (paper)" in r.stdout
+    if program == "studies/analysis.py":
+        assert 'layers: str = ""    # transplant: the group taken from the first checkpoint' in r.stdout
+        assert r.stdout.startswith("usage: python studies/analysis.py [--key value")

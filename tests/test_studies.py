@@ -17,7 +17,8 @@ STUDIES = ["from_scratch", "bio_cpu", "where_it_pays", "why_it_pays", "tiny_mech
 # The stand-in for python and torchrun (a shell script: a study makes hundreds of calls): logs its command line
 # (with OMP_NUM_THREADS, which the numbers depend on) and writes what the run would have written that the scripts
 # check: <out_dir>/hf/config.json for detour.py,
-# data/<name>/meta.json for prepare.py, <out_dir>/{results,cka,drift,transplant-*}.json and .md for finetune.py.
+# data/<name>/meta.json for prepare.py, <out_dir>/results.json and .md for finetune.py, <out_dir>/{cka,drift,
+# transplant-*}.json and .md for studies/analysis.py.
 # FAKE_FAIL: a run whose out_dir ends so fails (exit 1) without writing anything.
 FAKE = r"""#!/bin/bash
 prog=${0##*/}
@@ -36,7 +37,7 @@ case $script in
     if [ -n "${FAKE_FAIL:-}" ] && [[ $out == *"$FAKE_FAIL" ]]; then exit 1; fi
     w "$out/hf/config.json" ;;
   data/prepare.py) w "${out:-data/$name}/meta.json" ;;
-  finetune.py)
+  finetune.py|studies/analysis.py)
     case $analysis in cka|drift) n=$analysis;; transplant) n=transplant-${layers//,/_};; *) n=results;; esac
     w "${out:-out/finetune}/$n.json" "$n"; w "${out:-out/finetune}/$n.md" "$n" ;;
 esac
@@ -134,7 +135,7 @@ def data_cmds(v):
 
 
 def cka(stem, name):
-    return (f"python finetune.py --analysis cka --ckpts out/bio/{stem}clm-r1-decay,out/bio/{stem}mlm-r1-decay,"
+    return (f"python studies/analysis.py --analysis cka --ckpts out/bio/{stem}clm-r1-decay,out/bio/{stem}mlm-r1-decay,"
             f"out/bio/{stem}mlm-r2-decay --texts out/bio/ncbi_test.txt --out_dir out/bio/{name}")
 
 
@@ -144,6 +145,7 @@ def expected(study, v):
     if study == "from_scratch":
         tr = "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=1 detour.py"
         ft = "OMP_NUM_THREADS=1 python finetune.py"
+        an = "OMP_NUM_THREADS=1 python studies/analysis.py"
         return (["python data/prepare.py"]
                 + chain(v, "clm", "", "clm", "out", tr) + chain(v, "mlm", "", "mlm", "out", tr)
                 + chain(v, "clm", "--seed 18 --data_seed 43", "clm-r2", "out", tr)
@@ -155,13 +157,13 @@ def expected(study, v):
                 + [f"{tr} --phase decay --init_from out/{a} --decay_ratio {r} --out_dir out/{a}-decay-{r}{OW}"
                    for r in ("0.025", "0.1", "0.2", "0.5") for a in ("clm", "mlm")]
                 + [f"{ft} --ckpts out/clm-decay+out/clm-r2-decay,out/mlm-decay+out/mlm-r2-decay",
-                   f"{ft} --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay "
+                   f"{an} --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay "
                    "--out_dir out/analysis/cka-s18",
-                   f"{ft} --analysis drift --ckpts out/clm,out/mlm/init --out_dir out/analysis/drift-clm",
-                   f"{ft} --analysis drift --ckpts out/mlm,out/mlm/init --out_dir out/analysis/drift-mlm",
+                   f"{an} --analysis drift --ckpts out/clm,out/mlm/init --out_dir out/analysis/drift-clm",
+                   f"{an} --analysis drift --ckpts out/mlm,out/mlm/init --out_dir out/analysis/drift-mlm",
                    f"{ft} --ckpts out/clm-decay,out/clm-freeze-low-decay,out/clm-freeze-mid-decay,"
                    "out/clm-decay-freeze-low,out/mlm-decay --out_dir out/finetune/freeze"]
-                + [f"{ft} --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers {g} "
+                + [f"{an} --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers {g} "
                    "--out_dir out/analysis/clm-into-mlm" for g in ("0-1", "2-3", "4-5", "attn", "mlp")]
                 + [f"{ft} --ckpts out/clm-decay-{r},out/mlm-decay-{r} --out_dir out/finetune/decay-{r}"
                    for r in ("0.025", "0.1", "0.2", "0.5")])
@@ -178,7 +180,7 @@ def expected(study, v):
                    f"{F} --ckpts out/bio/clm-freeze-mid-decay,out/bio/clm-freeze-low-decay --out_dir out/bio/ft-freeze",
                    f"{F} --ckpts out/bio/clm-r1-decay50,out/bio/mlm-r1-decay50 --out_dir out/bio/ft-decay50",
                    cka("", "cka")]
-                + [f"python finetune.py --analysis drift --ckpts out/bio/{a}-r1-decay,out/bio/theta0-mlm-decay "
+                + [f"python studies/analysis.py --analysis drift --ckpts out/bio/{a}-r1-decay,out/bio/theta0-mlm-decay "
                    f"--out_dir out/bio/drift-{a}" for a in ("clm", "mlm")])
     if study == "where_it_pays":
         return (data_cmds(v) + theta0(v, "small") + theta0(v, "tiny")
@@ -195,7 +197,7 @@ def expected(study, v):
                    f"{v['F8'].replace(v['TASKS8'], v['TASKS'])} --ckpts {arms('', (1, 2, 3))} "
                    "--out_dir out/bio/ft8-s1000-ner4 --merge true"])
     if study == "why_it_pays":
-        TP = f"{F8} --analysis transplant --ckpts {arms('t1000-', (1, 2, 3))} --out_dir out/bio/tp-t1000"
+        TP = f"{F8.replace('finetune.py', 'studies/analysis.py')} --analysis transplant --ckpts {arms('t1000-', (1, 2, 3))} --out_dir out/bio/tp-t1000"
         fz = lambda L: ("+".join(f"out/bio/t1000-clm-freeze{L}-r{k}-decay" for k in (1, 2, 3)) + ","
                         + arms("t1000-", (1, 2, 3)).split(",")[1])
         return (theta0(v, "tiny") + theta0(v, "small") + theta0(v, "medium")
@@ -233,7 +235,7 @@ def test_study_script(tree, study):
     missing = [c for c in (" ".join(e.split()) for e in expected(study, readme(tree[0].parent))) if c not in first]
     assert not missing, "\n".join(["not run as the README ran it:"] + missing[:5])
     # every run and analysis once, each grid by at most two processes
-    assert all(first.count(c) <= 2 for c in first if "finetune.py" in c)
+    assert all(first.count(c) <= 2 for c in first if "finetune.py" in c or "analysis.py" in c)
     assert all(first.count(c) == 1 for c in first if "detour.py" in c or "prepare.py" in c)
     # run again: everything is done, so nothing trains
     p, second = run(tree, study)
