@@ -1146,6 +1146,38 @@ def save_hf(model, directory, tokenizer_path=None):
         atomic_write(os.path.join(directory, name), lambda f: f.write(text.encode()))
 
 
+def hf_dir(path):
+    """An HF directory (config.json, model.safetensors, tokenizer.json) or a detour out_dir with
+    one in hf/ -> that directory."""
+    for d in (path, os.path.join(path, "hf")):
+        if os.path.exists(os.path.join(d, "config.json")):
+            return d
+    if os.path.exists(os.path.join(path, "ckpt.pt")):
+        fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
+    fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
+
+
+def load_encoder(path):
+    """A checkpoint (hf_dir) -> (ModernBERT, Tokenizer), checked against each other: what
+    finetune.py and the analyses fine-tune and compare."""
+    tok_path = os.path.join(hf_dir(path), "tokenizer.json")
+    if not os.path.exists(tok_path):
+        fail(f"{tok_path} not found; the checkpoint needs its tokenizer "
+             "(detour.save_hf(..., tokenizer_path=...))")
+    model = load_hf(os.path.dirname(tok_path))
+    tokenizer = load_tokenizer(tok_path)
+    config = model.config
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only "
+             f"{config.vocab_size}; wrong tokenizer?")
+    for name, want in (("[CLS]", config.cls_token_id), ("[SEP]", config.sep_token_id),
+                       ("[PAD]", config.pad_token_id)):
+        if tokenizer.token_to_id(name) != want:
+            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config "
+                 f"says {want}; wrong tokenizer?")
+    return model, tokenizer
+
+
 def hf_tokenizer_files(config, tokenizer_path):
     """{file name: text} of the data's tokenizer for AutoTokenizer and pipeline("fill-mask"):
     [MASK] takes the space before it; [CLS] a [SEP] is added, as prepare.py stores documents,

@@ -4,8 +4,8 @@ finetune.py: fine-tune encoder checkpoints on downstream tasks and compare them.
 The paper judges the CLM detour downstream: the detour encoder and its MLM-only twin are fine-tuned
 alike (same tasks, same seeds) and compared task by task (mean +- std over runs) and on average.
 Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics' unit is the (task,
-replicate) pair: an exact sign-flip test, a paired bootstrap, 95% intervals, the detectable
-difference. Why the detour works (CKA, weight drift, transplants): studies/analysis.py.
+replicate) pair. The tasks (files, kinds, encoding, metrics): data/tasks.py. Why the detour works
+(CKA, weight drift, transplants): studies/analysis.py.
 
   python finetune.py                       # out/clm-decay vs out/mlm-decay, default tasks
   python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB
@@ -13,14 +13,9 @@ difference. Why the detour works (CKA, weight drift, transplants): studies/analy
   python finetune.py --shard 0/4 ... --shard 3/4  # a quarter of the cells each (a GPU each)
   python finetune.py --merge true          # then results.md (each shard also tries at its end)
 
-A task is `name=kind:path` (kind: cls | multilabel | regression | ner, `kind+probe` for a linear
-probe; path: train/dev/test files as data/tasks.py reads them), `default` the embedded tasks (ner,
-notes, needle). Main metrics: cls macro F1, multilabel micro F1 (threshold 0.5), regression
-Pearson, ner entity-level micro F1 (conlleval rules); the others are reported too.
-
-Every Protocol field below is an option: `--key value` or `--key=value`. main() builds one
-Protocol and passes it down; from Python:
-finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
+A task is `name=kind:path` (kind: cls | multilabel | regression | ner; `kind+probe` for a linear
+probe), `default` the embedded tasks. Every Protocol field is an option, `--key value` or
+`--key=value`; from Python: finetune.run(finetune.Protocol(seeds=2), ["a", "b"], "default").
 """
 import contextlib
 import copy
@@ -37,7 +32,6 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from tqdm import tqdm
 
 import detour
@@ -51,8 +45,7 @@ class Protocol:
     tasks: str = "default"          # comma-separated name=kind:path, or `default` (embedded tasks)
     out_dir: str = "out/finetune"   # results.md / results.json
     tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
-    pretrain_dir: str = "data/default"  # val.txt / meta.json: default-task text seen in pretraining
-                                        # is dropped
+    pretrain_dir: str = "data/default"  # default-task text seen in its pretraining text: dropped
     # protocol (paper)
     learning_rate: float = 5e-5     # peak lr, AdamW
     weight_decay: float = 0.01      # on weight matrices only (not biases, norms)
@@ -62,27 +55,22 @@ class Protocol:
     warmup_ratio: float = 0.10      # linear warmup over 10% of the steps, then linear decay to 0
     seeds: int = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
     max_len: int = 512              # longer inputs are truncated (and counted)
-    pooling: str = "mean"           # cls | mean (over real tokens; the released ModernBERT config
-                                    # uses mean)
+    pooling: str = "mean"           # cls | mean (over real tokens, as the released ModernBERT)
     dropout: float = 0.0            # classifier_dropout, between head and classifier (HF: 0.0)
     grad_clip: float = 1.0          # max grad norm, 0 = off (HF Trainer's max_grad_norm: 1.0)
-    pos_weight: str = "none"        # multilabel BCE positive weight: none | auto (n_neg/n_pos per
-                                    # label) | a number
-    # linear probing: the encoder is frozen and only the head trains. Its features are computed
-    # once, without grad, so probe epochs cost almost nothing; lr and epochs are ours: a fresh
-    # linear layer alone barely moves at 5e-5 in a few epochs.
+    pos_weight: str = "none"        # multilabel BCE: none | auto (n_neg/n_pos per label) | a number
+    # linear probing: a frozen encoder, its features computed once, so probe epochs cost almost
+    # nothing; lr and epochs are ours: a fresh linear layer barely moves at 5e-5 in a few epochs
     probe: bool = False             # probe every task (a task can also ask for it: kind+probe)
     probe_lr: float = 1e-3
     probe_epochs: int = 20
     # CPU default: the paper's 10/20 epochs x 5 seeds take hours on 2 CPU cores even for the small
-    # model. On a CPU, unless --epochs/--ner_epochs/--seeds/--learning_rate are given, main uses
-    # these.
+    # model; on a CPU, main uses these for the options of CPU_DEFAULTS not given.
     cpu_epochs: int = 3
     cpu_ner_epochs: int = 3
     cpu_seeds: int = 3
     cpu_learning_rate: float = 5e-4  # the small CPU models barely move at 5e-5 in 3 epochs
-    # embedded default tasks (data/tasks.py, world.py with new seeds; pretraining corpus seed is
-    # 1234), sized so that the CPU default run of two small checkpoints takes a few minutes
+    # the default tasks (data/tasks.py: world.py, other seeds than pretraining's), sized for minutes
     task_seed: int = 2025
     ner_sizes: str = "200,100,200"      # train, dev, test sentences (~17 tokens each)
     notes_sizes: str = "96,48,96"       # train, dev, test notes (~120 tokens each)
@@ -98,10 +86,8 @@ class Protocol:
     dtype: str = "auto"             # auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16
     progress: bool = True           # tqdm bars
     bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
-    # the grid: a (checkpoint, task, seed) cell is skipped when <out_dir>/cells holds it (a rerun
-    # resumes)
-    shard: str = ""                 # i/n: cells i, i+n, ... only; "" = all, or in a SLURM job array
-                                    # $SLURM_ARRAY_TASK_ID - _MIN / $SLURM_ARRAY_TASK_COUNT
+    # the grid: a (checkpoint, task, seed) cell done in <out_dir>/cells is not run again
+    shard: str = ""                 # i/n: cells i, i+n, ...; "" = all, or a SLURM array task's
     merge: bool = False             # train nothing: results.md/.json from the cells (all done)
 
 CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # cpu_<key> unless --<key> given
@@ -116,9 +102,8 @@ def is_pos_weight(v):
     return v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v)) and float(v) > 0
 
 def is_shard(v):
-    if v == "":
-        return True
-    return bool(re.fullmatch(r"\d+/\d+", v)) and int(v[:v.index("/")]) < int(v[v.index("/") + 1:])
+    parts = v.split("/")
+    return v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(parts[0]) < int(parts[1])
 
 RULES = dict(  # checked by main, in this order
     ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE,
@@ -131,213 +116,15 @@ RULES = dict(  # checked by main, in this order
     task_seed=NON_NEGATIVE, max_train=NON_NEGATIVE, max_eval=NON_NEGATIVE,
     pos_weight=(is_pos_weight, "none | auto | a number > 0"), device=detour.DEVICE,
     dtype=detour.DTYPE, bootstrap_samples=POSITIVE,
-    shard=(is_shard, "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"))
-IGNORE = detour.IGNORE  # target of a token that carries no loss (non-first sub-tokens, specials)
-
-# ---- Metrics, written out so that their definitions are visible. ----
-def _f1(tp, fp, fn):
-    return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
-
-def cls_metrics(gold, pred):
-    """Accuracy and macro F1 over the labels in gold or prediction (sklearn's default)."""
-    gold, pred = map(np.asarray, (gold, pred))
-    f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
-               np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
-    return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
-
-def multilabel_metrics(gold, pred):
-    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never
-    seen: 0, as sklearn)."""
-    gold = np.asarray(gold, bool)
-    pred = np.asarray(pred, bool)
-    tp = (pred & gold).sum(0)
-    fp = (pred & ~gold).sum(0)
-    fn = (~pred & gold).sum(0)
-    return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
-                macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
-
-def pearson(x, y):
-    x = np.asarray(x, float) - np.mean(x)
-    y = np.asarray(y, float) - np.mean(y)
-    denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
-    return float((x * y).sum() / denom) if denom > 0 else 0.0
-
-def ranks(x):
-    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last
-    position + 1) / 2."""
-    s = np.sort(np.asarray(x, float))
-    return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
-
-def regression_metrics(gold, pred):
-    return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
-                mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
-
-def entity_spans(tags):
-    """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
-    an entity continues only with I- of the same type; anything else closes it; an I-X
-    that does not continue an X starts a new entity; the sentence end closes the last one."""
-    spans = []
-    start = None
-    kind = None
-    for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, _, typ = tag.partition("-")
-        if start is not None and not (prefix == "I" and typ == kind):
-            spans.append((kind, start, i - 1))
-            start = None
-        if prefix in ("B", "I") and start is None:
-            start = i
-            kind = typ
-    return spans
-
-def entity_f1(gold_seqs, pred_seqs):
-    """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
-    gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
-    pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
-    tp = len(gold & pred)
-    precision = tp / len(pred) if pred else 0.0
-    recall = tp / len(gold) if gold else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return precision, recall, f1
-
-def group_accuracy(examples, gold, pred):
-    """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
-    slots = range(max(len(ex["groups"]) for ex in examples))
-    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples
-                          if len(ex["groups"]) > k)
-    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples)
-                              if g in ex["groups"]])) for g in names}
-
-# Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
-def cls_score(task, examples, out):
-    gold = [ex["y"] for ex in examples]
-    pred = [int(z.argmax()) for z in out]
-    metrics = cls_metrics(gold, pred)
-    if any(ex["groups"] for ex in examples):
-        metrics["groups"] = group_accuracy(examples, gold, pred)
-    return metrics
-
-def multilabel_score(task, examples, out):
-    return multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
-
-def regression_score(task, examples, out):
-    return regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
-
-def ner_score(task, examples, out):
-    pred_tags = []
-    for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
-        it = iter(z.argmax(-1).tolist())
-        pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
-    precision, recall, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
-    return dict(f1=f1, precision=precision, recall=recall)
-
-# ---- The task kinds: what differs between them, in one table; every code path is shared. ----
-@dataclass(frozen=True)
-class Kind:
-    main: str                 # the main metric
-    score: object             # (task, examples, logits per example) -> metrics
-    loss: object              # (float logits, targets, pos_weight) -> loss
-    target: torch.dtype       # of the training targets
-    epochs: str               # the Protocol field that counts its epochs
-    label_set: object         # training examples -> the sorted label set; [] = a single output
-    per_token: bool = False   # CoNLL files; a prediction per word (its first sub-token)
-    gold: object = None       # a label -> the label names it needs in the label set
-    y: object = None          # (label, index of the label set) -> the training target
-    min_labels: int = 0       # fewer in the training split is an error
-    weighted: bool = False    # the loss takes --pos_weight
-    one_output: bool = False  # a single output (regression), else one per label
-
-def cross_entropy(z, y, pos_weight):
-    return F.cross_entropy(z, y)
-
-def multi_hot(label, index):
-    return [1.0 if name in label else 0.0 for name in index]
-
-KINDS = {
-    "cls": Kind(
-        main="macro_f1", score=cls_score, loss=cross_entropy, target=torch.long, epochs="epochs",
-        label_set=lambda rows: sorted({ex["label"] for ex in rows}), gold=lambda label: [label],
-        y=lambda label, index: index[label], min_labels=2),
-    "multilabel": Kind(
-        main="micro_f1", target=torch.float, epochs="epochs", weighted=True, score=multilabel_score,
-        loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
-        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
-        gold=lambda label: label, y=multi_hot),
-    "regression": Kind(
-        main="pearson", target=torch.float, epochs="epochs", one_output=True,
-        label_set=lambda rows: [], score=regression_score,
-        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [],
-        y=lambda label, index: label),
-    "ner": Kind(
-        main="f1", score=ner_score, loss=cross_entropy, target=torch.long, epochs="ner_epochs",
-        label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
-}
-
-# ---- Checkpoints: an HF dir (config.json, model.safetensors, tokenizer.json) or a detour
-# out_dir with one in hf/. ----
-def hf_dir(path):
-    for d in (path, os.path.join(path, "hf")):
-        if os.path.exists(os.path.join(d, "config.json")):
-            return d
-    if os.path.exists(os.path.join(path, "ckpt.pt")):
-        fail(f"{path} has ckpt.pt but no hf/ export; detour.py writes hf/ when a run finishes")
-    fail(f"{path} is not a checkpoint: no config.json there or in {os.path.join(path, 'hf')}")
-
-def load_encoder(path):
-    """A checkpoint path -> (detour.ModernBERT, tokenizers.Tokenizer), checked against each other"""
-    tok_path = os.path.join(hf_dir(path), "tokenizer.json")
-    if not os.path.exists(tok_path):
-        fail(f"{tok_path} not found; the checkpoint needs its tokenizer "
-             "(detour.save_hf(..., tokenizer_path=...))")
-    model = detour.load_hf(os.path.dirname(tok_path))
-    tokenizer = detour.load_tokenizer(tok_path)
-    config = model.config
-    if tokenizer.get_vocab_size() > config.vocab_size:
-        fail(f"{tok_path} has {tokenizer.get_vocab_size()} tokens but the model only "
-             f"{config.vocab_size}; wrong tokenizer?")
-    for name, want in (("[CLS]", config.cls_token_id), ("[SEP]", config.sep_token_id),
-                       ("[PAD]", config.pad_token_id)):
-        if tokenizer.token_to_id(name) != want:
-            fail(f"{tok_path} maps {name} to {tokenizer.token_to_id(name)} but the model's config "
-                 f"says {want}; wrong tokenizer?")
-    return model, tokenizer
-
-# ---- Encoding (tasks.encode, tasks.encode_words): [CLS] text [SEP] (or [CLS] a [SEP] b [SEP]);
-# NER labels the first sub-token of each word and ignores the rest: a word is predicted once,
-# from its first piece. ----
-def encode_task(protocol, task, tokenizer):
-    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict
-    finetune_one takes."""
-    kind = KINDS[task["kind"]]
-    index = {label: i for i, label in enumerate(task["labels"])}
-
-    def encode_example(ex):  # -> (encoded example, truncated)
-        if kind.per_token:
-            tags = [index[t] for t in ex["tags"]]
-            ids, target, mapped, cut = tasks.encode_words(protocol, tokenizer, ex["words"], tags)
-            return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
-        ids, cut = tasks.encode(protocol, tokenizer, ex["text"], ex["text_b"])
-        return dict(ids=ids, y=kind.y(ex["label"], index), groups=ex["groups"]), cut
-    splits = {}
-    n_trunc = 0
-    for split, (file, rows) in task["raw"].items():
-        encoded = [encode_example(ex) for ex in rows]
-        out = [ex for ex, _ in encoded]
-        n_trunc += sum(cut for _, cut in encoded)
-        limit = protocol.max_train if split == "train" else protocol.max_eval
-        if 0 < limit < len(out):  # the same subset for every checkpoint and seed
-            out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
-        splits[split] = out
-    if n_trunc:
-        print(f"{task['name']}: {n_trunc} examples truncated to max_len={protocol.max_len} tokens")
-    return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
+    shard=(is_shard, "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"),
+    out_dir=detour.NOT_A_FILE, tasks_dir=detour.NOT_A_FILE)
 
 # ---- Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
 # fine-tuning seeds minus B's (same data order and seeds). Seeds are not independent evidence
 # about pretraining: averaged, never counted as units. Both tests are one-sided (A > B). ----
 def sign_flip_p(d):
-    """Exact paired sign-flip (permutation) test: under H0 each unit's difference is as likely
-    negative as positive, so all 2^n sign patterns are equally likely; p = share of patterns
-    whose mean is >= the observed mean. The observed pattern counts, so p >= 1/2^n."""
+    """Exact paired sign-flip test: under H0 all 2^n sign patterns of the differences are equally
+    likely; p = the share whose mean is >= the observed one (which counts: p >= 1/2^n)."""
     d = np.asarray(d, float)
     if len(d) > 20:  # 2^20 patterns is the most we enumerate; beyond, a seeded Monte Carlo
         signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(2 ** 20, len(d)))
@@ -346,18 +133,15 @@ def sign_flip_p(d):
     return float(np.mean((signs * d).mean(1) >= d.mean() - 1e-12))
 
 def paired_bootstrap(a, b, samples=10_000, seed=0):
-    """One-sided bootstrap p that `a` beats `b` over the paired units a_i - b_i resampled with a
-    fixed seed: p = (1 + #means <= 0) / (1 + samples) >= 1/(samples + 1), never printed as 0.
-    Anti-conservative for a handful of units (it takes the observed spread for the
-    population's): read it next to sign_flip_p."""
+    """One-sided p that `a` beats `b`, the units a_i - b_i resampled: (1 + #means <= 0) / (1 +
+    samples), never 0. Anti-conservative for few units: read it next to sign_flip_p."""
     d = np.asarray(a, float) - np.asarray(b, float)
     if not np.any(d):
         return 1.0  # no difference at all: no evidence
     means = d[np.random.default_rng(seed).integers(0, len(d), size=(samples, len(d)))].mean(1)
     return float((1 + np.sum(means <= 0)) / (1 + samples))
 
-BOOTSTRAP_UNITS = 8  # below it no bootstrap p (None): it takes the units for the population, and
-                     # so few cannot stand for it
+BOOTSTRAP_UNITS = 8  # below it no bootstrap p (None): so few units cannot stand for a population
 
 def t_quantile(q, df):
     """Student-t quantile for q in (0.5, 1): the pdf integrated numerically (no scipy)."""
@@ -391,10 +175,9 @@ def format_p(p):
     """A p-value as text; it is never 0 (every p here has a floor above 0)."""
     return f"{p:.2g}" if p < 0.01 else f"{p:.3f}"
 
-# ---- The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification, layer for
-# layer: encoder body -> [pooling, sequence tasks] -> the checkpoint's *pretrained* MLM head
-# (dense, GELU, LayerNorm) -> dropout (classifier_dropout) -> a new linear classifier. HF's
-# parameter names (model.*, head.*, classifier.*); only the MLM decoder is left out. ----
+# ---- The fine-tuning model: transformers' ModernBertFor{Token,Sequence}Classification: encoder
+# body -> [pooling] -> the checkpoint's *pretrained* MLM head (dense, GELU, LayerNorm) -> dropout
+# -> a new linear classifier; HF's parameter names (model.*, head.*, classifier.*). ----
 class TaskModel(nn.Module):
     def __init__(self, encoder, n_out, per_token, pooling, dropout):
         super().__init__()
@@ -413,7 +196,7 @@ class TaskModel(nn.Module):
         labeled tokens (N, d) (the head is per position, so selecting first is the same)."""
         h = self.model(ids, attention_mask=mask)
         if self.per_token:
-            return self.head(h[target != IGNORE])
+            return self.head(h[target != detour.IGNORE])  # the labeled tokens
         if self.pooling == "cls":
             return self.head(h[:, 0])
         m = mask.unsqueeze(-1).to(h.dtype)
@@ -423,66 +206,28 @@ class TaskModel(nn.Module):
         return self.classifier(self.drop(x))
 
 def get_device(protocol):
-    if protocol.device != "auto":
-        return torch.device(protocol.device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(auto if protocol.device == "auto" else protocol.device)
 
 def autocast(protocol, dev):
     bf16 = protocol.dtype == "bfloat16" or (protocol.dtype == "auto" and dev.type == "cuda")
     return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16)
-
-def pad_batch(examples, pad_id, dev):
-    """-> (ids, attention mask, targets), each (B, T) on dev, padded with pad_id, 0 and IGNORE."""
-    width = max(len(ex["ids"]) for ex in examples)
-
-    def pad(rows, value):
-        padded = [r + [value] * (width - len(r)) for r in rows]
-        return torch.tensor(padded, dtype=torch.long).to(dev)
-    return (pad([ex["ids"] for ex in examples], pad_id),
-            pad([[1] * len(ex["ids"]) for ex in examples], 0),
-            pad([ex.get("target", []) for ex in examples], IGNORE))
-
-def targets(kind, examples, dev):
-    """A batch's training targets: one per labeled word (NER) or per example."""
-    if kind.per_token:
-        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
-    else:
-        ys = [ex["y"] for ex in examples]
-    return torch.tensor(ys, dtype=kind.target).to(dev)
-
-def length_batches(examples, batch_size, order=None):
-    """`order` (default: all examples) sorted by length, cut into batches of indices: little
-    padding (a CPU saver)."""
-    order = range(len(examples)) if order is None else order
-    order = sorted(order, key=lambda i: len(examples[i]["ids"]))
-    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-
-def train_order(examples, rng, batch_size, group=8):
-    """One epoch of shuffled training batches. Like HF's group_by_length: every `group` batches'
-    worth of shuffled examples is cut into length_batches; the batches are then shuffled again."""
-    order = list(range(len(examples)))
-    rng.shuffle(order)
-    batches = [b for s in range(0, len(order), group * batch_size)
-               for b in length_batches(examples, batch_size, order[s:s + group * batch_size])]
-    rng.shuffle(batches)
-    return batches
 
 def head_inputs(task_model, examples, idx, feats, dev):
     if feats is not None:  # probing: precomputed, the encoder does not run
         join = torch.cat if task_model.per_token else torch.stack
         return join([feats[i] for i in idx]).to(dev)
     batch = [examples[i] for i in idx]
-    ids, mask, target = pad_batch(batch, task_model.model.config.pad_token_id, dev)
+    ids, mask, target = tasks.pad_batch(batch, task_model.model.config.pad_token_id, dev)
     return task_model.features(ids, mask, target)
 
 @torch.no_grad()
 def per_example(protocol, model, examples, dev, rows, per_token=False):
-    """rows(batch indices) over length batches, `model` in eval mode, without grad -> per example,
-    in input order, a CPU tensor: its row, or with per_token a row per labeled word (= mapped
-    word)."""
+    """rows(batch indices) over length batches, in eval mode, without grad -> per example in input
+    order a CPU tensor: its row, or with per_token a row per labeled (mapped) word."""
     model.eval()
     out = [None] * len(examples)
-    for idx in length_batches(examples, protocol.batch_size):
+    for idx in tasks.length_batches(examples, protocol.batch_size):
         with autocast(protocol, dev):
             x = rows(idx).cpu()
         if per_token:
@@ -492,10 +237,9 @@ def per_example(protocol, model, examples, dev, rows, per_token=False):
     return out
 
 def probe_features(protocol, model, task):
-    """A frozen encoder's head inputs, per split, on the CPU: computed once for all of a probe's
-    seeds (the classifier is unused)."""
+    """A frozen encoder's head inputs per split, on the CPU: computed once for all seeds."""
     dev = get_device(protocol)
-    per_token = KINDS[task["kind"]].per_token
+    per_token = tasks.KINDS[task["kind"]].per_token
     task_model = TaskModel(model.to(dev), 1, per_token, protocol.pooling, protocol.dropout).to(dev)
     feats = {}
     for split in ("train", "dev", "test"):
@@ -506,7 +250,7 @@ def probe_features(protocol, model, task):
 
 def evaluate(protocol, task_model, task, split, feats, dev):
     """Predict a split -> metrics dict (the task's main metric under `main`)."""
-    kind = KINDS[task["kind"]]
+    kind = tasks.KINDS[task["kind"]]
     examples = task[split]
 
     def rows(idx):
@@ -516,18 +260,8 @@ def evaluate(protocol, task_model, task, split, feats, dev):
     return dict(metrics, main=metrics[kind.main])
 
 # ---- Fine-tuning one (checkpoint, task, seed). ----
-def pos_weights(protocol, train, n_out, dev):
-    """--pos_weight for the multilabel BCE: none, auto (n_neg/n_pos per label) or a number."""
-    if protocol.pos_weight == "none":
-        return None
-    if protocol.pos_weight == "auto":
-        y = torch.tensor([ex["y"] for ex in train])
-        return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1)).to(dev)
-    return torch.full((n_out,), float(protocol.pos_weight)).to(dev)
-
 def optimizer(protocol, task_model, frozen):
-    """AdamW over the classifier (probe) or everything, decay on weight matrices only -> (opt,
-    params, peak lr)."""
+    """AdamW over the classifier (probe) or all; decay on matrices -> (opt, params, peak lr)"""
     params = list((task_model.classifier if frozen else task_model).parameters())
     groups = [dict(params=[q for q in params if q.dim() >= 2], weight_decay=protocol.weight_decay),
               dict(params=[q for q in params if q.dim() < 2], weight_decay=0.0)]
@@ -550,13 +284,12 @@ def finetune_one(protocol, model, task, seed, feats=None, desc=""):
     on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch with the best
     dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean loss per epoch)"""
     dev = get_device(protocol)
-    kind = KINDS[task["kind"]]
+    kind = tasks.KINDS[task["kind"]]
     frozen = task["probe"] or protocol.probe
     train = task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if kind.one_output else len(task["labels"])
-    # fine-tuning starts from a fresh copy of the encoder every seed; probing shares the loaded
-    # one (moved to the device) and only ever runs it once, without grad, in probe_features()
+    # a fresh copy of the encoder per seed; a probe shares the loaded one (run once: probe_features)
     encoder = model.to(dev) if frozen else copy.deepcopy(model)
     task_model = TaskModel(encoder, n_out, kind.per_token, protocol.pooling, protocol.dropout)
     task_model.to(dev)
@@ -564,7 +297,7 @@ def finetune_one(protocol, model, task, seed, feats=None, desc=""):
         feats = dict.fromkeys(("train", "dev", "test"))
     elif not feats:
         feats = probe_features(protocol, model, task)
-    pos_weight = pos_weights(protocol, train, n_out, dev) if kind.weighted else None
+    pos_weight = tasks.pos_weights(protocol, train, n_out, dev) if kind.weighted else None
     opt, params, peak = optimizer(protocol, task_model, frozen)
     n_epochs = protocol.probe_epochs if frozen else getattr(protocol, kind.epochs)
     per_epoch = math.ceil(len(train) / protocol.batch_size)
@@ -578,14 +311,14 @@ def finetune_one(protocol, model, task, seed, feats=None, desc=""):
                dynamic_ncols=True)
     for epoch in range(1, n_epochs + 1):
         epoch_loss = []
-        for idx in train_order(train, order_rng, protocol.batch_size):
+        for idx in tasks.train_order(train, order_rng, protocol.batch_size):
             task_model.train()
             lr = scheduled_lr(peak, step, warm, total)
             for group in opt.param_groups:
                 group["lr"] = lr
             with autocast(protocol, dev):
                 logits = task_model(head_inputs(task_model, train, idx, feats["train"], dev))
-            batch_targets = targets(kind, [train[i] for i in idx], dev)
+            batch_targets = tasks.targets(kind, [train[i] for i in idx], dev)
             loss = kind.loss(logits.float(), batch_targets, pos_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -612,8 +345,7 @@ def mean_std(xs):
     return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
 def arms_of(ckpt_paths):
-    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, in one order
-    for all arms)."""
+    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, paired)."""
     arms = [list(arm) if isinstance(arm, (list, tuple)) else [q for q in arm.split("+") if q]
             for arm in ckpt_paths]
     flat = [path for arm in arms for path in arm]
@@ -625,8 +357,7 @@ def arms_of(ckpt_paths):
     return arms
 
 def compare(results, names, first, second, samples=10_000):
-    """Statistics of arm first - arm second (as many replicates each) into results; `samples`:
-    bootstrap resamples."""
+    """Statistics of arm first - arm second (as many replicates each), into results."""
     a = results["scores"][first]
     b = results["scores"][second]
     # one unit per (task, replicate): the replicates' seed-averaged scores, paired by index
@@ -662,29 +393,28 @@ def arm_scores(protocol, arm, names, result):
     scores["average"] = dict(mean_std(per_run), per_run=per_run)
     return scores
 
-# ---- The grid: every (checkpoint, task, seed) is a cell, a run that writes its own JSON under
-# <out_dir>/cells, skipped when that holds the same protocol, checkpoint and task data: the same
-# command resumes a killed grid. --shard i/n runs cells i, i+n, ... (a process per GPU, a SLURM
-# array); the process that finds every cell done writes the results. ----
+# ---- The grid: each (checkpoint, task, seed) cell writes its JSON under <out_dir>/cells, and is
+# skipped when that holds the same protocol, checkpoint and task data: the same command resumes a
+# grid. --shard i/n runs cells i, i+n, ...; the process that finds every cell done reports. ----
 def slug(name):
     """A checkpoint or task name as one file name."""
     return re.sub(r"[^\w-]+", "_", name)
 
 def checkpoint_files(ckpt):
-    return [os.path.join(hf_dir(ckpt), f) for f in ("config.json", "model.safetensors",
-                                                    "tokenizer.json")]
+    """The files of a checkpoint that its cells' identity digests."""
+    names = ("config.json", "model.safetensors", "tokenizer.json")
+    return [os.path.join(detour.hf_dir(ckpt), name) for name in names]
 
 def grid_cells(protocol, arms, task_specs):
-    """Read and check every task and checkpoint (all errors come before any training) -> every
-    cell, in the fixed order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read,
-    file, identity)."""
-    read = {name: tasks.read_task(name, kind, path, KINDS, frozen)
+    """Read and check every task and checkpoint (all errors before any training) -> the cells in
+    the order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, identity)"""
+    read = {name: tasks.read_task(name, kind, path, frozen)
             for name, kind, path, frozen in task_specs}
     data = {name: dict(kind=kind, probe=frozen or protocol.probe,
                        files=tasks.digest(f for f, _ in read[name]["raw"].values()))
             for name, kind, _, frozen in task_specs}
-    digest = {ckpt: load_encoder(ckpt) and tasks.digest(checkpoint_files(ckpt))  # loaded: checked
-              for arm in arms for ckpt in arm}
+    digest = {ckpt: detour.load_encoder(ckpt) and tasks.digest(checkpoint_files(ckpt))
+              for arm in arms for ckpt in arm}  # each checkpoint loaded: checked
     settings = {k: getattr(protocol, k) for k in REPORTED}
 
     def cell_file(ckpt, name, seed):
@@ -704,9 +434,8 @@ def changes(old, new):
     return "made with " + ", ".join(settings + files)
 
 def cells_done(cells, quiet=False):
-    """{key: result} of the cells whose JSON is there, complete and made with the cell's identity;
-    the other files (corrupt, or made with another protocol, checkpoint or task data) are named,
-    one line per reason."""
+    """{key: result} of the cells whose JSON is there, complete and of the cell's identity; other
+    files (corrupt, or of another protocol, checkpoint or task data): named, a line per reason."""
     done = {}
     skipped = {}
     for cell in cells:
@@ -746,10 +475,9 @@ def claimed(lock, flags, cell):
     return True
 
 def run_cells(protocol, cells, shard):
-    """Fine-tune every cell not done yet, one checkpoint loaded (and each task encoded) at a time;
-    a cell is claimed by a lock on <file>.lock; one held elsewhere is waited for at the end (run
-    here if its process died), so each process ends with its grid whole: two grids sharing cells
-    both report. `shard`: printed."""
+    """Fine-tune every cell not done, one checkpoint loaded (each task encoded) at a time. A cell is
+    claimed by a lock on <file>.lock; one held elsewhere is waited for at the end (run here if its
+    process died), so each process ends with its grid whole. `shard`: printed."""
     dev = get_device(protocol)
     loaded = (None,)   # (checkpoint, model, tokenizer)
     encoded = (None,)  # ((checkpoint, task name), task, a frozen encoder's features: for all seeds)
@@ -767,10 +495,10 @@ def run_cells(protocol, cells, shard):
             if cells_done([cell], quiet=True):  # finished by another process meanwhile
                 continue
             if loaded[0] != cell["checkpoint"]:
-                loaded = (cell["checkpoint"], *load_encoder(cell["checkpoint"]))
+                loaded = (cell["checkpoint"], *detour.load_encoder(cell["checkpoint"]))
                 loaded[1].to(dev)
             if encoded[0] != cell["key"][:2]:
-                task = encode_task(protocol, cell["read"], loaded[2])
+                task = tasks.encode_task(protocol, cell["read"], loaded[2])
                 probed = task["probe"] or protocol.probe
                 feats = probe_features(protocol, loaded[1], task) if probed else None
                 encoded = (cell["key"][:2], task, feats)
@@ -780,27 +508,24 @@ def run_cells(protocol, cells, shard):
 def run_cell(protocol, cell, model, task, feats, dev):
     """Fine-tune one cell and save its JSON."""
     start = time.time()
-    name = os.path.basename(cell["checkpoint"].rstrip("/"))
-    desc = f"{name} {cell['task']} seed {cell['seed']}"
+    desc = f"{os.path.basename(cell['checkpoint'].rstrip('/'))} {cell['task']} seed {cell['seed']}"
     result = finetune_one(protocol, model, task, cell["seed"], feats, desc=desc)
     saved = dict({k: cell[k] for k in ("checkpoint", "task", "seed", "identity")},
                  device=str(dev), result=result)
-    with writing(cell["file"]):
-        detour.atomic_write(cell["file"], lambda f: f.write(json.dumps(saved, indent=1).encode()))
+    detour.atomic_write(cell["file"], lambda f: f.write(json.dumps(saved, indent=1).encode()))
     print(f"{cell['checkpoint']} {cell['task']} seed {cell['seed']}: "
           f"dev {100 * result['dev']['main']:.2f} test {100 * result['test']['main']:.2f} "
           f"(epoch {result['epoch']}, {time.time() - start:.0f}s)")
 
 def run(protocol, ckpt_paths, task_specs, report="results", note=""):
-    """Fine-tune every replicate of every arm (arms_of) on every task (a --tasks string or
-    tasks.parse_tasks' list), seeds 0..seeds-1, as cells (the shard's; none with --merge); once all
-    are done, compare the first arm with the second, write <out_dir>/<report>.md (`note` above the
-    table) and .json -> results (None while cells miss)"""
+    """Every replicate of every arm (arms_of) on every task (--tasks or parse_tasks' list) and seed,
+    as cells (the shard's; none with --merge); once all are done, the first arm against the second
+    in <out_dir>/<report>.md (`note` above the table) and .json -> results (None: cells miss)"""
     arms = arms_of(ckpt_paths)
     if isinstance(task_specs, str):
         if "default" in [s.strip() for s in task_specs.split(",")]:
             tasks.build_default_tasks(protocol)
-        task_specs = tasks.parse_tasks(task_specs, protocol.tasks_dir, KINDS)
+        task_specs = tasks.parse_tasks(task_specs, protocol.tasks_dir)
     cells = grid_cells(protocol, arms, task_specs)
     shard, n = (int(x) for x in (protocol.shard or "0/1").split("/"))
     if not protocol.merge:
@@ -816,7 +541,7 @@ def run(protocol, ckpt_paths, task_specs, report="results", note=""):
                      "(or: --merge true)")
     read = {cell["task"]: cell["read"] for cell in cells}
     results = dict(checkpoints=["+".join(arm) for arm in arms], seeds=list(range(protocol.seeds)),
-                   tasks=[dict(name=name, kind=kind, path=path, main=KINDS[kind].main,
+                   tasks=[dict(name=name, kind=kind, path=path, main=tasks.KINDS[kind].main,
                                probe=frozen or protocol.probe, labels=read[name]["labels"])
                           for name, kind, path, frozen in task_specs],
                    scores={}, protocol=cells[0]["identity"]["protocol"])
@@ -854,7 +579,6 @@ def score_rows(results):
     if "difference" in results:
         d = results["difference"]
         ci = results["ci95"]
-        # no interval from one unit
         none = dict.fromkeys(names, "n/a (1 replicate)") | {"average": "n/a (1 unit)"}
         rows.append(["difference (first − second arm) [95% CI]"] + [
             f"{100 * d[n]:+.1f} " + (f"[{100 * ci[n][0]:+.1f}, {100 * ci[n][1]:+.1f}]" if ci[n]
@@ -862,8 +586,7 @@ def score_rows(results):
     return rows
 
 def statistics_text(results, replicates, bootstrap_samples):
-    """The paragraph under the table: the units, both tests, the intervals, the detectable
-    difference."""
+    """The paragraph under the table: units, both tests, intervals, the detectable difference."""
     n = len(results["units"])
     boot = results["p_bootstrap"]
     if boot is None:
@@ -871,15 +594,14 @@ def statistics_text(results, replicates, bootstrap_samples):
     else:
         bootstrap = (f"; paired bootstrap p = {format_p(boot)} ({bootstrap_samples} resamples, "
                      "anti-conservative for few units). ")
-    per_task = ("95% CI per task: t interval over the replicates (pretraining and fine-tuning "
-                "noise)")
+    per_task = "t interval over the replicates (pretraining and fine-tuning noise)"
     if replicates == 1:
-        per_task = ("95% CI per task: none, one pretraining run per arm (its seeds: fine-tuning "
-                    "noise only)")
+        per_task = "none, one pretraining run per arm (its seeds: fine-tuning noise only)"
     return (f"Units: the {n} (task × pretraining replicate) paired differences, each the first's "
             "mean over fine-tuning seeds minus the second's. One-sided tests that the first beats "
             f"the second: exact sign-flip p = {format_p(results['p_sign_flip'])} (floor 1/2^{n} = "
-            f"{format_p(0.5 ** n)})" + bootstrap + per_task + "; for the average, over the units. "
+            f"{format_p(0.5 ** n)})" + bootstrap + "95% CI per task: " + per_task
+            + "; for the average, over the units. "
             "Smallest average difference this design detects (80% power, one-sided 5%, from the "
             f"units' spread): {100 * results['detectable_difference']:.1f} points.")
 
@@ -917,14 +639,12 @@ def writing(path):
              "write (a missing one is created)")
 
 def write_report(protocol, name, results, text):
-    """<out_dir>/<name>.md (the text, also printed) and .json (the results), written atomically.
-    -> results"""
+    """<out_dir>/<name>.md (the text, also printed) and .json (the results) -> results"""
     with writing(protocol.out_dir):
         os.makedirs(protocol.out_dir, exist_ok=True)
     for ext, content in ((".md", text), (".json", json.dumps(results, indent=1))):
         path = os.path.join(protocol.out_dir, name + ext)
-        with writing(path):
-            detour.atomic_write(path, lambda f: f.write(content.encode("utf-8")))
+        detour.atomic_write(path, lambda f: f.write(content.encode("utf-8")))  # errors: one line
     print("\n" + text + f"\nwritten to {protocol.out_dir}/{name}.md and {name}.json")
     return results
 
@@ -946,10 +666,6 @@ def protocol_of(argv, protocol_class=Protocol, rules=RULES, prog="finetune.py"):
     if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in os.environ:
         settings["shard"] = array_shard()
     detour.check(settings, rules, prog)
-    for key in ("out_dir", "tasks_dir"):
-        if os.path.exists(settings[key]) and not os.path.isdir(settings[key]):
-            fail(f"--{key} {settings[key]} is a file, not a directory; give a directory (it is "
-                 "created if missing)")
     return protocol_class(**settings), given
 
 def cpu_default(protocol, given):

@@ -1,5 +1,5 @@
-"""Task files: reading them (finetune.py's task format, and its --tasks list), and the embedded
-default tasks.
+"""The downstream tasks finetune.py fine-tunes on: their files (its task format and its --tasks
+list), their kinds, encoding, batches and metrics, and the embedded default tasks.
 
 A task is a directory with train/dev/test files, read into plain dicts; every example keeps
 its file line, so errors point at it:
@@ -14,15 +14,21 @@ The default tasks are built from world.py with seeds other than the pretraining 
   needle  needle in a haystack, a linear probe: is the query fact (text_a) in the long
           text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
 An example whose text occurs verbatim in the pretraining text is dropped (and counted).
-Used by finetune.py, which puts data/ and the repository root on the path: it reads and checks
-every task before anything trains (read_task), encodes them per tokenizer (encode, encode_words)
-and records the files' digest with each result (digest).
+finetune.py reads and checks every task before anything trains (read_task), encodes each per
+tokenizer (encode_task), batches it (train_order, pad_batch), scores predictions with its kind's
+metrics (KINDS) and records the files' digest with each result (digest).
 """
 import hashlib
 import json
+import math
 import os
 import random
 import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
 
 from data import world
 from detour import IGNORE, atomic_write, fail, read_json
@@ -203,27 +209,27 @@ def read_split(directory, split, kind):
     return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
 
 
-def read_task(name, kind, path, kinds, frozen=False):
+def read_task(name, kind, path, frozen=False):
     """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py
-    reads every task first): every label must occur in the training split (the label set). `kinds`:
-    finetune.py's KINDS. -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
-    if kind not in kinds:
-        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(kinds)})")
-    K = kinds[kind]
+    reads every task first): every label must occur in the training split (the label set).
+    -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
+    if kind not in KINDS:
+        fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    kind_spec = KINDS[kind]
     raw = {split: read_split(path, split, kind) for split in ("train", "dev", "test")}
-    labels = K.label_set(raw["train"][1])
+    labels = kind_spec.label_set(raw["train"][1])
     known = set(labels)
-    what = "tag" if K.per_token else "label"
+    what = "tag" if kind_spec.per_token else "label"
     for file, rows in raw.values():
         for ex in rows:
-            if K.per_token:
+            if kind_spec.per_token:
                 found = zip(ex["tags"], ex["lines"])
             else:
-                found = [(lab, ex["line"]) for lab in K.gold(ex["label"])]
+                found = [(lab, ex["line"]) for lab in kind_spec.gold(ex["label"])]
             for lab, n in found:
                 if lab not in known:
                     fail(f"{file}:{n}: {what} {lab!r} does not occur in the training split")
-    if len(labels) < K.min_labels:
+    if len(labels) < kind_spec.min_labels:
         fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
     return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
 
@@ -291,6 +297,264 @@ def encode_words(p, tokenizer, words, tag_ids):
 
 
 
+def encode_task(p, task, tokenizer):
+    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict
+    finetune_one takes."""
+    kind = KINDS[task["kind"]]
+    index = {label: i for i, label in enumerate(task["labels"])}
+
+    def encode_example(ex):  # -> (encoded example, truncated)
+        if kind.per_token:
+            tags = [index[t] for t in ex["tags"]]
+            ids, target, mapped, cut = encode_words(p, tokenizer, ex["words"], tags)
+            return dict(ids=ids, target=target, mapped=mapped, tags=ex["tags"]), cut
+        ids, cut = encode(p, tokenizer, ex["text"], ex["text_b"])
+        return dict(ids=ids, y=kind.y(ex["label"], index), groups=ex["groups"]), cut
+    splits = {}
+    n_trunc = 0
+    for split, (file, rows) in task["raw"].items():
+        encoded = [encode_example(ex) for ex in rows]
+        out = [ex for ex, _ in encoded]
+        n_trunc += sum(cut for _, cut in encoded)
+        limit = p.max_train if split == "train" else p.max_eval
+        if 0 < limit < len(out):  # the same subset for every checkpoint and seed
+            out = [out[i] for i in sorted(random.Random(0).sample(range(len(out)), limit))]
+        splits[split] = out
+    if n_trunc:
+        print(f"{task['name']}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
+    return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
+
+
+# ----------------------------------------------------------------------------------------
+# Batches of encoded examples: sorted by length within a shuffled group (little padding),
+# padded into tensors.
+# ----------------------------------------------------------------------------------------
+def pad_batch(examples, pad_id, dev):
+    """-> (ids, attention mask, targets), each (B, T) on dev, padded with pad_id, 0 and IGNORE."""
+    width = max(len(ex["ids"]) for ex in examples)
+
+    def pad(rows, value):
+        padded = [r + [value] * (width - len(r)) for r in rows]
+        return torch.tensor(padded, dtype=torch.long).to(dev)
+    return (pad([ex["ids"] for ex in examples], pad_id),
+            pad([[1] * len(ex["ids"]) for ex in examples], 0),
+            pad([ex.get("target", []) for ex in examples], IGNORE))
+
+
+
+def targets(kind, examples, dev):
+    """A batch's training targets: one per labeled word (NER) or per example."""
+    if kind.per_token:
+        ys = [y for ex in examples for y in ex["target"] if y != IGNORE]
+    else:
+        ys = [ex["y"] for ex in examples]
+    return torch.tensor(ys, dtype=kind.target).to(dev)
+
+
+
+def length_batches(examples, batch_size, order=None):
+    """`order` (default: all examples) sorted by length, cut into batches of indices: little
+    padding (a CPU saver)."""
+    order = range(len(examples)) if order is None else order
+    order = sorted(order, key=lambda i: len(examples[i]["ids"]))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+
+def train_order(examples, rng, batch_size, group=8):
+    """One epoch of shuffled training batches. Like HF's group_by_length: every `group` batches'
+    worth of shuffled examples is cut into length_batches; the batches are then shuffled again."""
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    batches = [b for s in range(0, len(order), group * batch_size)
+               for b in length_batches(examples, batch_size, order[s:s + group * batch_size])]
+    rng.shuffle(batches)
+    return batches
+
+
+def pos_weights(p, train, n_out, dev):
+    """--pos_weight for the multilabel BCE: none, auto (n_neg/n_pos per label) or a number."""
+    if p.pos_weight == "none":
+        return None
+    if p.pos_weight == "auto":
+        y = torch.tensor([ex["y"] for ex in train])
+        return ((len(y) - y.sum(0)) / y.sum(0).clamp(min=1)).to(dev)
+    return torch.full((n_out,), float(p.pos_weight)).to(dev)
+
+
+# ----------------------------------------------------------------------------------------
+# Scoring: each kind's metrics, written out so that their definitions are visible.
+# ----------------------------------------------------------------------------------------
+def _f1(tp, fp, fn):
+    return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
+
+
+
+def cls_metrics(gold, pred):
+    """Accuracy and macro F1 over the labels in gold or prediction (sklearn's default)."""
+    gold, pred = map(np.asarray, (gold, pred))
+    f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
+               np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
+    return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
+
+
+def multilabel_metrics(gold, pred):
+    """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never
+    seen: 0, as sklearn)."""
+    gold = np.asarray(gold, bool)
+    pred = np.asarray(pred, bool)
+    tp = (pred & gold).sum(0)
+    fp = (pred & ~gold).sum(0)
+    fn = (~pred & gold).sum(0)
+    return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
+                macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
+
+
+def pearson(x, y):
+    x = np.asarray(x, float) - np.mean(x)
+    y = np.asarray(y, float) - np.mean(y)
+    denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denom) if denom > 0 else 0.0
+
+
+
+def ranks(x):
+    """Ranks 1..n, ties get the average of their ranks (as Spearman needs): (first + last
+    position + 1) / 2."""
+    s = np.sort(np.asarray(x, float))
+    return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
+
+
+
+def regression_metrics(gold, pred):
+    return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
+                mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
+
+
+def entity_spans(tags):
+    """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
+    an entity continues only with I- of the same type; anything else closes it; an I-X
+    that does not continue an X starts a new entity; the sentence end closes the last one."""
+    spans = []
+    start = None
+    kind = None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        prefix, _, typ = tag.partition("-")
+        if start is not None and not (prefix == "I" and typ == kind):
+            spans.append((kind, start, i - 1))
+            start = None
+        if prefix in ("B", "I") and start is None:
+            start = i
+            kind = typ
+    return spans
+
+
+
+def entity_f1(gold_seqs, pred_seqs):
+    """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
+    gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
+    pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
+    tp = len(gold & pred)
+    precision = tp / len(pred) if pred else 0.0
+    recall = tp / len(gold) if gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+
+def group_accuracy(examples, gold, pred):
+    """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
+    slots = range(max(len(ex["groups"]) for ex in examples))
+    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples
+                          if len(ex["groups"]) > k)
+    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples)
+                              if g in ex["groups"]])) for g in names}
+
+
+
+# Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
+
+
+def cls_score(task, examples, out):
+    gold = [ex["y"] for ex in examples]
+    pred = [int(z.argmax()) for z in out]
+    metrics = cls_metrics(gold, pred)
+    if any(ex["groups"] for ex in examples):
+        metrics["groups"] = group_accuracy(examples, gold, pred)
+    return metrics
+
+
+
+def multilabel_score(task, examples, out):
+    return multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
+
+
+def regression_score(task, examples, out):
+    return regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
+
+
+def ner_score(task, examples, out):
+    pred_tags = []
+    for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
+        it = iter(z.argmax(-1).tolist())
+        pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
+    precision, recall, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
+    return dict(f1=f1, precision=precision, recall=recall)
+
+
+# ----------------------------------------------------------------------------------------
+# The task kinds: what differs between them, in one table; every code path is shared.
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    main: str                 # the main metric
+    score: object             # (task, examples, logits per example) -> metrics
+    loss: object              # (float logits, targets, pos_weight) -> loss
+    target: torch.dtype       # of the training targets
+    epochs: str               # the Protocol field that counts its epochs
+    label_set: object         # training examples -> the sorted label set; [] = a single output
+    per_token: bool = False   # CoNLL files; a prediction per word (its first sub-token)
+    gold: object = None       # a label -> the label names it needs in the label set
+    y: object = None          # (label, index of the label set) -> the training target
+    min_labels: int = 0       # fewer in the training split is an error
+    weighted: bool = False    # the loss takes --pos_weight
+    one_output: bool = False  # a single output (regression), else one per label
+
+
+
+def cross_entropy(z, y, pos_weight):
+    return F.cross_entropy(z, y)
+
+
+def multi_hot(label, index):
+    return [1.0 if name in label else 0.0 for name in index]
+
+
+
+KINDS = {
+    "cls": Kind(
+        main="macro_f1", score=cls_score, loss=cross_entropy, target=torch.long,
+        epochs="epochs",
+        label_set=lambda rows: sorted({ex["label"] for ex in rows}), gold=lambda label: [label],
+        y=lambda label, index: index[label], min_labels=2),
+    "multilabel": Kind(
+        main="micro_f1", score=multilabel_score, target=torch.float, epochs="epochs",
+        weighted=True,
+        loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
+        label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
+        gold=lambda label: label, y=multi_hot),
+    "regression": Kind(
+        main="pearson", target=torch.float, epochs="epochs", one_output=True,
+        label_set=lambda rows: [], score=regression_score,
+        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [],
+        y=lambda label, index: label),
+    "ner": Kind(
+        main="f1", score=ner_score, loss=cross_entropy, target=torch.long,
+        epochs="ner_epochs",
+        label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
+}
+
+
 # ----------------------------------------------------------------------------------------
 # The default tasks.
 # ----------------------------------------------------------------------------------------
@@ -298,23 +562,23 @@ def encode_words(p, tokenizer, words, tag_ids):
 SPEC = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
 
 
-def parse_tasks(spec, tasks_dir, kinds):
-    """finetune.py's --tasks, `name=kind[+probe]:path,...` with kind one of `kinds` (and `default`:
+def parse_tasks(spec, tasks_dir):
+    """finetune.py's --tasks, `name=kind[+probe]:path,...` with kind one of KINDS (and `default`:
     SPEC, the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
     out = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "default":
-            out += parse_tasks(SPEC.format(d=tasks_dir), tasks_dir, kinds)
+            out += parse_tasks(SPEC.format(d=tasks_dir), tasks_dir)
             continue
         name, eq, rest = item.partition("=")
         kind, colon, path = rest.partition(":")
         if not (eq and colon and name and path):
-            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(kinds)}), "
+            fail(f"bad task {item!r}; write name=kind:path (kind: {', '.join(KINDS)}), "
                  "or `default`")
         kind, _, mode = kind.partition("+")
-        if kind not in kinds or mode not in ("", "probe"):
+        if kind not in KINDS or mode not in ("", "probe"):
             fail(f"task {name}: unknown kind {rest.split(':')[0]!r} "
-                 f"(one of {', '.join(kinds)}, optionally +probe)")
+                 f"(one of {', '.join(KINDS)}, optionally +probe)")
         if name == "average" or name in [t[0] for t in out]:
             fail(f"task name {name!r} is used twice or reserved; give every task its own name")
         out.append((name, kind, path, mode == "probe"))

@@ -87,7 +87,7 @@ def layer_features(protocol, model, examples):
 
     def pooled(idx):  # (B, L + 1, d); float64, which autocast leaves alone
         batch = [examples[i] for i in idx]
-        ids, mask, _ = finetune.pad_batch(batch, body.config.pad_token_id, dev)
+        ids, mask, _ = tasks.pad_batch(batch, body.config.pad_token_id, dev)
         m = mask.unsqueeze(-1).double()
         hidden = body(ids, attention_mask=mask, output_hidden_states=True)[1]
         return torch.stack([(h.double() * m).sum(1) / m.sum(1) for h in hidden], 1)
@@ -107,7 +107,7 @@ def cka_features(protocol, paths, text_path):
     tokenizers = []
     examples = None
     for path in paths:
-        model, tokenizer = finetune.load_encoder(path)
+        model, tokenizer = detour.load_encoder(path)
         tokenizers.append(tokenizer)
         same_tokenizer(tokenizers, paths)
         examples = examples or text_examples(protocol, tokenizer, text_path)
@@ -223,7 +223,7 @@ def drift(protocol, paths):
     if len(paths) != 2:
         fail("--analysis drift needs --ckpts CHECKPOINT,INIT")
     # weights only: no tokenizer needed
-    model, init = (detour.load_hf(finetune.hf_dir(path)) for path in paths)
+    model, init = (detour.load_hf(detour.hf_dir(path)) for path in paths)
     same_shapes(model, init, paths)
     d, tensors = weight_drift(model, init)
     layers = [dict(layer=i, attn=d[("attn", i)], mlp=d[("mlp", i)])
@@ -303,13 +303,13 @@ def transplant(protocol, paths, spec, task_specs):
     if len(arms[0]) > 1:
         hybrids = [os.path.join(protocol.out_dir, name, f"r{k + 1}") for k in range(len(arms[0]))]
     for path_a, path_b, hybrid_dir in zip(*arms, hybrids):
-        a, tokenizer_a = finetune.load_encoder(path_a)
-        b, tokenizer_b = finetune.load_encoder(path_b)
+        a, tokenizer_a = detour.load_encoder(path_a)
+        b, tokenizer_b = detour.load_encoder(path_b)
         same_tokenizer([tokenizer_a, tokenizer_b], [path_a, path_b])
         same_shapes(a, b, [path_a, path_b])
         with finetune.writing(hybrid_dir):
             detour.save_hf(transplant_model(a, b, spec), hybrid_dir,
-                           os.path.join(finetune.hf_dir(path_b), "tokenizer.json"))
+                           os.path.join(detour.hf_dir(path_b), "tokenizer.json"))
     note = (f"{'+'.join(hybrids)}: layers {spec} from {paths[0]}, the rest from {paths[1]} "
             "(linear probes)")
     return finetune.run(replace(protocol, probe=True), [paths[0], "+".join(hybrids), paths[1]],

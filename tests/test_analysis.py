@@ -23,7 +23,7 @@ def make_texts(path, n_lines=40, seed=0):
 
 
 def params(path):
-    return dict(detour.load_hf(ft.hf_dir(path)).named_parameters())
+    return dict(detour.load_hf(detour.hf_dir(path)).named_parameters())
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_sentences_chunks_and_padding(tmp_path, settings):
     assert len(ex) == 2 + math.ceil(len(long) / 22) > 3 and all(len(e["ids"]) <= 24 for e in ex)
     assert [i for e in ex[2:] for i in e["ids"][1:-1]] == long  # the chunks cover the long text
     # pooling excludes padding: an example alone and padded in a batch pool the same
-    model, _ = ft.load_encoder(path)
+    model, _ = detour.load_encoder(path)
     alone = an.layer_features(p, model, ex[:1])
     batched = an.layer_features(p, model, ex)
     assert len(alone) == 3 and alone[0].shape == (1, 32) and batched[0].shape == (len(ex), 32)
@@ -180,7 +180,7 @@ def test_cli_modes_end_to_end(tmp_path):
     # probed through a copy of the protocol: nothing global is set, so nothing needs restoring
     assert res["checkpoints"] == [a, hybrid, b] and res["protocol"]["probe"] is True and ft.Protocol().probe is False
     assert all(r["probe"] for r in res["tasks"]) and "layers 0-0 from" in open(hybrid + ".md").read()
-    model, tok = ft.load_encoder(hybrid)  # the hybrid is an HF dir with the tokenizer
+    model, tok = detour.load_encoder(hybrid)  # the hybrid is an HF dir with the tokenizer
     pa, pb = params(a), params(b)
     for name, p in model.named_parameters():
         assert torch.equal(p, (pa if name.startswith("model.layers.0.") else pb)[name]), name
@@ -206,5 +206,5 @@ def test_transplant_per_replicate_pair(tmp_path):
     assert res["checkpoints"] == [f"{a1}+{a2}", "+".join(hybrids), f"{b1}+{b2}"]
     for hybrid, a, b in zip(hybrids, (a1, a2), (b1, b2)):
         pa, pb = params(a), params(b)
-        for name, p in ft.load_encoder(hybrid)[0].named_parameters():
+        for name, p in detour.load_encoder(hybrid)[0].named_parameters():
             assert torch.equal(p, (pa if name.startswith(("model.embeddings.", "model.layers.0.")) else pb)[name]), name

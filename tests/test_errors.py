@@ -132,8 +132,8 @@ ROWS = [
     ("finetune", "--tasks t=cls:{root}/task --ckpts {out} --seeds 1", "task/train.jsonl is not UTF-8 text", ""),
     ("finetune", "--shard 2/2", "--shard '2/2' must be i/n with 0 <= i < n", "cli"),
     ("finetune", "--shard 1", "--shard '1' must be i/n with 0 <= i < n", ""),
-    ("finetune", "--out_dir {root}/ok.txt", "ok.txt is a file, not a directory", "cli"),
-    ("finetune", "--tasks_dir {root}/ok.txt", "ok.txt is a file, not a directory; give a directory", ""),
+    ("finetune", "--out_dir {root}/ok.txt", "ok.txt' must be a directory, not a file", "cli"),
+    ("finetune", "--tasks_dir {root}/ok.txt", "ok.txt' must be a directory, not a file; see", ""),
     ("finetune", "--tasks t=cls:{root}/ok.txt --seeds 1", "ok.txt is a file; give the directory that holds the split files", ""),
     ("analysis", "--analysis cka --ckpts {out},{out} --texts {root}", " is not a file; pass --texts (a file", ""),
     # a path written under a regular file: one line naming it, not os.makedirs' traceback

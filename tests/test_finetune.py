@@ -78,8 +78,8 @@ def make_task_dir(root, kind, n=(24, 8, 8), seed=0):
 
 
 def load_task(p, name, kind, path, tokenizer, frozen=False):
-    """One task read and checked (tasks.read_task), then encoded for fine-tuning (ft.encode_task)."""
-    return ft.encode_task(p, tasks.read_task(name, kind, path, ft.KINDS, frozen), tokenizer)
+    """One task read and checked (tasks.read_task), then encoded for fine-tuning (tasks.encode_task)."""
+    return tasks.encode_task(p, tasks.read_task(name, kind, path, frozen), tokenizer)
 
 
 @pytest.fixture(autouse=True)
@@ -105,42 +105,42 @@ def fast():
 # entity-level F1 (conlleval / seqeval default semantics)
 # ----------------------------------------------------------------------------------------
 def test_entity_spans_rules():
-    assert ft.entity_spans(["I-X", "I-X", "O"]) == [("X", 0, 1)]          # I- without B- starts one
-    assert ft.entity_spans(["B-X", "B-X"]) == [("X", 0, 0), ("X", 1, 1)]  # adjacent: two entities
-    assert ft.entity_spans(["O", "B-X", "I-X"]) == [("X", 1, 2)]          # closed at the end
-    assert ft.entity_spans(["B-X", "I-Y", "I-Y"]) == [("X", 0, 0), ("Y", 1, 2)]
-    assert ft.entity_spans(["O", "O"]) == []
+    assert tasks.entity_spans(["I-X", "I-X", "O"]) == [("X", 0, 1)]          # I- without B- starts one
+    assert tasks.entity_spans(["B-X", "B-X"]) == [("X", 0, 0), ("X", 1, 1)]  # adjacent: two entities
+    assert tasks.entity_spans(["O", "B-X", "I-X"]) == [("X", 1, 2)]          # closed at the end
+    assert tasks.entity_spans(["B-X", "I-Y", "I-Y"]) == [("X", 0, 0), ("Y", 1, 2)]
+    assert tasks.entity_spans(["O", "O"]) == []
 
 
 def test_entity_f1_hand_made():
     gold = [["B-DRUG", "I-DRUG", "O", "B-DOSE"], ["O", "B-DISEASE"]]
-    assert ft.entity_f1(gold, gold) == (1.0, 1.0, 1.0)
+    assert tasks.entity_f1(gold, gold) == (1.0, 1.0, 1.0)
     # I-X without B-X equals B-X I-X in the default (non-strict) mode
-    assert ft.entity_f1([["B-X", "I-X"]], [["I-X", "I-X"]]) == (1.0, 1.0, 1.0)
+    assert tasks.entity_f1([["B-X", "I-X"]], [["I-X", "I-X"]]) == (1.0, 1.0, 1.0)
     # B-X B-X is two entities; one merged prediction matches neither
-    assert ft.entity_f1([["B-X", "B-X"]], [["B-X", "I-X"]]) == (0.0, 0.0, 0.0)
+    assert tasks.entity_f1([["B-X", "B-X"]], [["B-X", "I-X"]]) == (0.0, 0.0, 0.0)
     # right span, wrong type: wrong
-    assert ft.entity_f1([["B-DRUG", "O"]], [["B-DOSE", "O"]]) == (0.0, 0.0, 0.0)
+    assert tasks.entity_f1([["B-DRUG", "O"]], [["B-DOSE", "O"]]) == (0.0, 0.0, 0.0)
     # empty predictions: nothing predicted, nothing found
-    assert ft.entity_f1(gold, [["O"] * 4, ["O"] * 2]) == (0.0, 0.0, 0.0)
+    assert tasks.entity_f1(gold, [["O"] * 4, ["O"] * 2]) == (0.0, 0.0, 0.0)
     # one of two predictions right, one of three gold entities found
-    p, r, f1 = ft.entity_f1(gold, [["B-DRUG", "I-DRUG", "O", "O"], ["B-DISEASE", "O"]])
+    p, r, f1 = tasks.entity_f1(gold, [["B-DRUG", "I-DRUG", "O", "O"], ["B-DISEASE", "O"]])
     assert (p, r) == (0.5, pytest.approx(1 / 3)) and f1 == pytest.approx(0.4)
     # a boundary error at the sentence end
-    assert ft.entity_f1([["O", "B-X", "I-X"]], [["O", "B-X", "O"]])[2] == 0.0
+    assert tasks.entity_f1([["O", "B-X", "I-X"]], [["O", "B-X", "O"]])[2] == 0.0
 
 
 def test_other_metrics_by_hand():
-    m = ft.cls_metrics([0, 0, 1, 2], [0, 1, 1, 2])
+    m = tasks.cls_metrics([0, 0, 1, 2], [0, 1, 1, 2])
     assert m["accuracy"] == 0.75
     assert m["macro_f1"] == pytest.approx((2 / 3 + 2 / 3 + 1) / 3)
-    m = ft.multilabel_metrics([[1, 0], [1, 1]], [[1, 1], [0, 1]])
+    m = tasks.multilabel_metrics([[1, 0], [1, 1]], [[1, 1], [0, 1]])
     assert m["micro_f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))
     assert m["macro_f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
-    assert ft.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-    assert ft.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert list(ft.ranks([10, 20, 20, 30])) == [1, 2.5, 2.5, 4]
-    m = ft.regression_metrics([1, 2, 3, 4], [1, 4, 9, 16])
+    assert tasks.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert tasks.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert list(tasks.ranks([10, 20, 20, 30])) == [1, 2.5, 2.5, 4]
+    m = tasks.regression_metrics([1, 2, 3, 4], [1, 4, 9, 16])
     assert m["spearman"] == pytest.approx(1.0) and m["pearson"] < 1.0
 
 
@@ -280,12 +280,12 @@ def test_unknown_label_and_missing_split(tmp_path):
 
 
 def test_parse_tasks():
-    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks", ft.KINDS) == [("chem", "ner", "a/b", False),
+    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False),
                                                               ("gad", "cls", "c", True)]
-    assert [t[0] for t in tasks.parse_tasks("default", "data/tasks", ft.KINDS)] == ["ner", "notes", "needle"]
+    assert [t[0] for t in tasks.parse_tasks("default", "data/tasks")] == ["ner", "notes", "needle"]
     for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
         with pytest.raises(SystemExit, match="error:"):
-            tasks.parse_tasks(bad, "data/tasks", ft.KINDS)
+            tasks.parse_tasks(bad, "data/tasks")
 
 
 # ----------------------------------------------------------------------------------------
@@ -299,10 +299,10 @@ def test_first_subtoken_alignment(tmp_path):
     pieces = [tok.encode(w, add_special_tokens=False).ids for w in words]
     assert max(len(p) for p in pieces) > 1, "the test tokenizer should split some words"
     assert ids == [2] + [i for p in pieces for i in p] + [3]
-    want = [ft.IGNORE]
+    want = [detour.IGNORE]
     for p, t in zip(pieces, tags):
-        want += [t] + [ft.IGNORE] * (len(p) - 1)  # the first sub-token carries the word's tag
-    assert target == want + [ft.IGNORE] and mapped == [True] * 6 and not cut
+        want += [t] + [detour.IGNORE] * (len(p) - 1)  # the first sub-token carries the word's tag
+    assert target == want + [detour.IGNORE] and mapped == [True] * 6 and not cut
     # truncation: words past max_len get no token and are predicted O
     proto = replace(proto, max_len=2 + len(pieces[0]) + len(pieces[1]))
     ids, target, mapped, cut = tasks.encode_words(proto, tok, words, tags)
@@ -322,31 +322,31 @@ def test_encode_pairs_truncate_the_haystack(tmp_path):
 # ----------------------------------------------------------------------------------------
 def test_load_encoder_checks(tmp_path):
     path, _ = make_ckpt(tmp_path / "run" / "hf")
-    model, tok = ft.load_encoder(str(tmp_path / "run"))  # a detour out_dir: uses out_dir/hf
+    model, tok = detour.load_encoder(str(tmp_path / "run"))  # a detour out_dir: uses out_dir/hf
     assert tok.token_to_id("[CLS]") == model.config.cls_token_id
     os.remove(os.path.join(path, "tokenizer.json"))
     with pytest.raises(SystemExit, match="tokenizer.json not found"):
-        ft.load_encoder(path)
+        detour.load_encoder(path)
     bad = Tokenizer(models.WordLevel({"[CLS]": 0, "[PAD]": 1, "[SEP]": 3, "[UNK]": 2}, unk_token="[UNK]"))
     bad.save(os.path.join(path, "tokenizer.json"))
     with pytest.raises(SystemExit, match=r"maps \[CLS\] to 0 but the model's config says 2"):
-        ft.load_encoder(path)
+        detour.load_encoder(path)
     with pytest.raises(SystemExit, match="not a checkpoint"):
-        ft.load_encoder(str(tmp_path))
+        detour.load_encoder(str(tmp_path))
 
 
 @pytest.mark.parametrize("kind", ["cls", "multilabel", "regression", "ner"])
 def test_each_head_trains(kind, tmp_path, fast):
     p = replace(fast, epochs=3, ner_epochs=3)
     path, _ = make_ckpt(tmp_path / "m")
-    model, tok = ft.load_encoder(path)
+    model, tok = detour.load_encoder(path)
     task = load_task(p, kind, kind, make_task_dir(tmp_path / kind, kind), tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = ft.finetune_one(p, model, task, seed=0)
     assert r["losses"][-1] < r["losses"][0]
     assert set(r) == {"dev", "test", "epoch", "losses"} and 1 <= r["epoch"] <= 3
     assert kind == "regression" or 0 <= r["test"]["main"] <= 1  # Pearson may be negative
-    assert r["test"]["main"] == r["test"][ft.KINDS[kind].main]
+    assert r["test"]["main"] == r["test"][tasks.KINDS[kind].main]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # a copy was trained
     if kind == "cls":
         assert ft.finetune_one(p, model, task, seed=0)["test"] == r["test"]          # same seed, same run
@@ -355,7 +355,7 @@ def test_each_head_trains(kind, tmp_path, fast):
 def test_probe_trains_only_the_head(tmp_path, fast):
     p = replace(fast, probe_epochs=4)
     path, _ = make_ckpt(tmp_path / "m")
-    model, tok = ft.load_encoder(path)
+    model, tok = detour.load_encoder(path)
     task = load_task(p, "c", "cls", make_task_dir(tmp_path / "c", "cls"), tok, frozen=True)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     feats = ft.probe_features(p, model, task)
@@ -435,7 +435,7 @@ def test_token_logits_equal_ModernBertForTokenClassification(tmp_path):
     tm, ref, ids, mask = hf_task_pair(tmp_path, "ModernBertForTokenClassification")
     with torch.no_grad():
         want = ref(input_ids=ids, attention_mask=mask).logits[mask.bool()]
-        target = torch.where(mask.bool(), 0, ft.IGNORE)  # every real token is labeled
+        target = torch.where(mask.bool(), 0, detour.IGNORE)  # every real token is labeled
         got = tm(tm.features(ids, mask, target))
     assert (got - want).abs().max().item() < 1e-4
 
@@ -486,7 +486,7 @@ def test_main_errors(tmp_path):
 
 def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path):
     path, _ = make_ckpt(tmp_path / "m")
-    _, tok = ft.load_encoder(path)
+    _, tok = detour.load_encoder(path)
     d = make_task_dir(tmp_path / "ner", "ner", n=(24, 8, 8))
     full = load_task(ft.Protocol(), "ner", "ner", d, tok)
     p = ft.Protocol(max_train=10, max_eval=5)

@@ -93,7 +93,7 @@ def test_a_cell_held_elsewhere_is_waited_for_and_run_here_when_its_holder_dies(t
     result leaves the cell to this process."""
     p, a = replace(ft.Protocol(**FAST), out_dir=str(tmp_path / "out"), seeds=1), make_ckpt(tmp_path / "a")[0]
     spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
-    cell = ft.grid_cells(p, ft.arms_of([a]), ft.tasks.parse_tasks(spec, p.tasks_dir, ft.KINDS))[0]
+    cell = ft.grid_cells(p, ft.arms_of([a]), ft.tasks.parse_tasks(spec, p.tasks_dir))[0]
     os.makedirs(os.path.dirname(cell["file"]))
     holder = open(cell["file"] + ".lock", "a")
     fcntl.flock(holder, fcntl.LOCK_EX)  # another process's claim
