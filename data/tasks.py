@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from data import world
-from detour import IGNORE, atomic_write, fail, read_json
+from detour import IGNORE, atomic_write, fail, make_dirs, read_json
 
 SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
 
@@ -720,7 +720,7 @@ def build_default_tasks(p):
     # Last: its presence means the rest is there.
     written[("", "spec.json")] = json.dumps(spec, indent=1)
     for (name, file), text in written.items():
-        os.makedirs(os.path.join(directory, name), exist_ok=True)
+        make_dirs(os.path.join(directory, name))  # a file in the way: one line, no traceback
         atomic_write(os.path.join(directory, name, file), lambda f: f.write(text.encode("utf-8")))
     print(f"default tasks: {seen['dropped']} drawn examples dropped, "
           "seen verbatim in pretraining text")

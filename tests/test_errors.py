@@ -139,6 +139,8 @@ ROWS = [
     # a path written under a regular file: one line naming it, not os.makedirs' traceback
     ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --epochs 1 --out_dir {root}/ok.txt/ft",
      "ok.txt/ft/cells/", "cli"),
+    ("finetune", "--tasks default --tasks_dir {root}/ok.txt/tasks --seeds 1",
+     "ok.txt/tasks/ner (Not a directory); choose another path", ""),
     ("analysis", "--analysis drift --ckpts {out},{out} --out_dir {root}/ok.txt/an", "ok.txt/an (Not a directory); give --out_dir", "cli"),
     ("analysis", "--analysis transplant --layers 0 --ckpts {out},{root}/clm_copy --tasks t=cls:{root}/good_task --seeds 1 "
      "--out_dir {root}/ok.txt/tp", "ok.txt/tp/transplant-0 (Not a directory)", ""),
