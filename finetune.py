@@ -87,7 +87,7 @@ class Protocol:
     progress: bool = True           # tqdm bars
     bootstrap_samples: int = 10_000  # resamples of the paired bootstrap (fixed RNG seed 0)
     # the grid: a (checkpoint, task, seed) cell done in <out_dir>/cells is not run again
-    shard: str = ""                 # i/n: cells i, i+n, ...; "" = all, or a SLURM array task's
+    shard: str = ""                 # i/n: cells i, i+n, ...; "" = all (in a SLURM array: its own)
     merge: bool = False             # train nothing: results.md/.json from the cells (all done)
 
 CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # cpu_<key> unless --<key> given
