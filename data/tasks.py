@@ -298,7 +298,7 @@ def encode_words(p, tokenizer, words, tag_ids):
 
 
 def encode_task(p, task, tokenizer):
-    """A tasks.read_task (labels checked), every split encoded by `tokenizer` -> the task dict
+    """A read_task result (labels checked), every split encoded by `tokenizer` -> the task dict
     finetune_one takes."""
     kind = KINDS[task["kind"]]
     index = {label: i for i, label in enumerate(task["labels"])}

@@ -307,9 +307,9 @@ def transplant(protocol, paths, spec, task_specs):
         b, tokenizer_b = detour.load_encoder(path_b)
         same_tokenizer([tokenizer_a, tokenizer_b], [path_a, path_b])
         same_shapes(a, b, [path_a, path_b])
-        with finetune.writing(hybrid_dir):
-            detour.save_hf(transplant_model(a, b, spec), hybrid_dir,
-                           os.path.join(detour.hf_dir(path_b), "tokenizer.json"))
+        # a hybrid_dir that cannot be written: one line (save_hf's make_dirs and atomic_write)
+        detour.save_hf(transplant_model(a, b, spec), hybrid_dir,
+                       os.path.join(detour.hf_dir(path_b), "tokenizer.json"))
     note = (f"{'+'.join(hybrids)}: layers {spec} from {paths[0]}, the rest from {paths[1]} "
             "(linear probes)")
     return finetune.run(replace(protocol, probe=True), [paths[0], "+".join(hybrids), paths[1]],
