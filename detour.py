@@ -24,19 +24,22 @@ the GPU path, DDP, the command line, checkpoints and where a run starts, main.
 """
 import concurrent.futures
 import functools
+import hashlib
 import importlib.util
 import itertools
 import json
 import math
 import os
+import pickle
 import re
 import secrets
+import shutil
 import signal
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, make_dataclass, replace
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -62,6 +65,8 @@ autoresume = False         # the same command is safe to rerun (a requeued job):
                            # has none, exit 0 if it is finished
 early_decay = False        # a decay may start from a Phase 1 that stopped before its last step
                            # (else refused: the twins would be compared short of their budget)
+new_data = False           # a resume or a decay may run on data other than its checkpoint's
+                           # (another meta.json or tokenizer.json; else refused)
 # objective
 mlm_rate = 0.30            # Phase-1 MLM baseline masking rate (paper: 30%)
 decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
@@ -124,46 +129,80 @@ PRESETS = {
                   num_attention_heads=16),
 }
 IGNORE = -100  # target value that carries no loss
+SPECIAL_IDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id", "unk_token_id")
 
 
 # -------------------------------------------------------------------------------------------------
-# 2. The phases: one entry per row of the objectives table (docs/model.md). Everything that
-# differs between phases is read from here; cfg.phase only picks the entry.
+# 2. The phases: one row of PHASES per row of the objectives table (docs/model.md). A row holds
+# what the phase runs: its attention, the function that makes its (inputs, targets), the function
+# of its learning rate, and the constants it reads; cfg.phase only picks the row. An ablation is a
+# constant edited above, a row added below, or a function of its own in a row (docs/model.md).
+def next_token_targets(cfg, buf, config, n_real_vocab, sample):
+    """Causal LM (the detour): the next token at every position (clm_batch)."""
+    return clm_batch(buf, config.sep_token_id)
+
+
+def masked_targets(cfg, buf, config, n_real_vocab, sample):
+    """Masked LM at the phase's rate (masking_rate); the masks depend only on (seed, sample), so
+    the twins and a resumed run draw the same ones (mlm_batch)."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
+    return mlm_batch(buf, masking_rate(cfg), gen, config, n_real_vocab)
+
+
+def warmup_constant(cfg, tokens, total, step_tokens):
+    """Phase 1's learning rate: linear warmup over warmup_tokens, then the constant peak. Read at
+    the step's end, so the first step is above 0."""
+    return cfg.learning_rate * min(1.0, (tokens + step_tokens) / max(cfg.warmup_tokens, 1))
+
+
+def one_minus_sqrt(cfg, tokens, total, step_tokens):
+    """The decay's learning rate: 1 - sqrt from the peak to min_lr_ratio x peak over the phase's
+    tokens. Read at the step's start, so the first decay step runs at the peak (as Composer's
+    schedulers do) and the cooldown is not cut short."""
+    progress = min(tokens / max(total, 1), 1.0)
+    floor = cfg.min_lr_ratio
+    return cfg.learning_rate * (floor + (1 - floor) * (1 - math.sqrt(progress)))
+
+
 @dataclass(frozen=True)
-class Phase:  # each field, and after "->" the function where it acts
-    causal: bool                       # causal attention (the detour) or bidirectional
-                                       # -> attention_window
-    targets: str                       # "next" token -> clm_batch | "masked" -> mlm_batch
-    schedule: str = "warmup-constant"  # linear warmup, then constant | "1-sqrt" cooldown -> lr_at
-    # continues -> resolve, start_point: start where a Phase-1 run ended: its weights and AdamW
-    # moments (only the schedule restarts), its data stream at the first window it did not see,
-    # its configuration; its budget is decay_tokens or decay_ratio x the Phase-1 tokens (else
-    # max_tokens), and its masking rate decay_mlm_rate (else mlm_rate) -> masking_rate.
+class Phase:
+    causal: bool       # causal attention (the detour) or bidirectional -> attention_window
+    batch: Callable    # (cfg, windows, config, n_real_vocab, sample) -> (inputs, targets)
+    schedule: Callable  # (cfg, tokens, total, step_tokens) -> this step's learning rate
+    rate: Optional[str]  # the constant holding the share of positions predicted (None: all)
+    reads: tuple       # the constants only this phase reads: given to another phase, refused
+    # continues: a Phase-2 phase. It starts where a Phase-1 run (a row that does not continue)
+    # ended: its weights and AdamW moments (only the schedule restarts; start_point), its data
+    # stream at the first window Phase 1 did not see (start_point), the keys of INHERITED from
+    # its configuration (continued), and a budget of decay_tokens, or decay_ratio x Phase 1's
+    # tokens (phase_budget).
     continues: bool = False
-    own: tuple = ()                    # the keys a continuing phase does not inherit from
-                                       # Phase 1 -> resolve
 
 
+PHASE1 = ("max_tokens", "warmup_tokens")  # a Phase-1 run's budget and warmup
 PHASES = {
-    "clm": Phase(causal=True, targets="next"),
-    "mlm": Phase(causal=False, targets="masked"),
-    "decay": Phase(causal=False, targets="masked", schedule="1-sqrt", continues=True,
-                   own=("phase", "init_from", "out_dir", "overwrite", "freeze_layers", "progress",
-                        "decay_tokens", "autoresume", "early_decay", "wandb_run_id")),
+    "clm": Phase(causal=True, batch=next_token_targets, schedule=warmup_constant, rate=None,
+                 reads=PHASE1),
+    "mlm": Phase(causal=False, batch=masked_targets, schedule=warmup_constant, rate="mlm_rate",
+                 reads=(*PHASE1, "mlm_rate")),
+    "decay": Phase(causal=False, batch=masked_targets, schedule=one_minus_sqrt,
+                   rate="decay_mlm_rate", continues=True,
+                   reads=("decay_mlm_rate", "decay_ratio", "decay_tokens", "min_lr_ratio",
+                          "early_decay")),
 }
+# What a continuing phase takes from its Phase 1's configuration: the keys that keep the twins'
+# continuation the same run (the data and its order, the batch, the seeds, the peak lr and
+# AdamW's settings; the model's shape comes with the weights). Every other key is the running
+# file's or the command line's. A value given on the command line runs, and a line says so.
+INHERITED = ("data_dir", "seq_len", "batch_size", "global_batch_size", "doc_mask", "data_seed",
+             "seed", "learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip")
 
 
 def masking_rate(cfg):
-    """The share of positions a masked phase predicts: the decay's rate when it continues Phase 1
-    (paper: 15%), the baseline twin's otherwise (30%)."""
-    return cfg.decay_mlm_rate if PHASES[cfg.phase].continues else cfg.mlm_rate
-
-
-def predicted_fraction(cfg):
-    """Share of positions the phase predicts: every one for CLM, the masking rate for MLM/decay."""
-    if PHASES[cfg.phase].targets == "next":
-        return 1.0
-    return masking_rate(cfg)
+    """The share of positions the phase predicts: the value of its `rate` constant (the baseline
+    twin's mlm_rate, 30%; the decay's decay_mlm_rate, 15%), every position (1.0) without one."""
+    rate = PHASES[cfg.phase].rate
+    return 1.0 if rate is None else getattr(cfg, rate)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -199,8 +238,14 @@ class Config:
             n = self.global_attn_every_n_layers
             self.layer_types = ["full_attention" if i % n == 0 else "sliding_attention"
                                 for i in range(self.num_hidden_layers)]
-        assert len(self.layer_types) == self.num_hidden_layers, "layer_types needs one per layer"
-        assert self.hidden_size % self.num_attention_heads == 0, "hidden_size must split in heads"
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"{len(self.layer_types)} layer_types for {self.num_hidden_layers} "
+                             "layers: layer_types needs one per layer")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} does not split in "
+                             f"{self.num_attention_heads} heads")
+        if bad := set(self.layer_types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"layer_types holds {sorted(bad)[0]!r}")
 
     @property
     def special_ids(self):
@@ -558,18 +603,21 @@ def document_ids(idx, sep_token_id):
 
 
 def load_data(data_dir, split):
+    """(meta.json, the split's token ids as a memmap): nothing is read until used."""
     meta_path = os.path.join(data_dir, "meta.json")
     bin_path = os.path.join(data_dir, f"{split}.bin")
     # the command that builds data_dir
     if missing := [p for p in (meta_path, bin_path) if not os.path.exists(p)]:
         fail(f"{missing[0]} not found; run `python data/prepare.py --input FILES --out_dir "
              f"{data_dir}` (without --input: a generated corpus), or set --data_dir")
-    fix = "re-run data/prepare.py"
-    meta = read_json(meta_path, ("vocab_size", "dtype", "pad_token_id", "cls_token_id",
-                                 "sep_token_id", "mask_token_id", "unk_token_id"), fix)
+    meta = check_meta(read_json(meta_path, SPECIAL_IDS + ("vocab_size", "dtype"), PREPARE),
+                      meta_path)
     size = os.path.getsize(bin_path)
-    if meta["dtype"] not in ("uint16", "uint32") or size % np.dtype(meta["dtype"]).itemsize:
-        fail(f"{bin_path} does not hold {meta['dtype']} token ids as {meta_path} says; {fix}")
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    count = meta.get(f"n_{split}_tokens", size // itemsize)
+    if size % itemsize or size // itemsize != count:
+        fail(f"{bin_path} does not hold {count} {meta['dtype']} token ids as {meta_path} says; "
+             f"{PREPARE}")
     if size == 0:
         fail(f"{bin_path} is empty; re-run data/prepare.py on a non-empty corpus")
     return meta, np.memmap(bin_path, dtype=np.dtype(meta["dtype"]), mode="r")
@@ -635,11 +683,8 @@ def mlm_batch(buf, rate, gen, config, n_real_vocab):
 
 
 def make_batch(cfg, buf, config, n_real_vocab, sample):
-    """(inputs, targets) for the run's phase; masks depend only on (seed, sample)."""
-    if PHASES[cfg.phase].targets == "next":
-        return clm_batch(buf, config.sep_token_id)
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + sample)
-    return mlm_batch(buf, masking_rate(cfg), gen, config, n_real_vocab)
+    """(inputs, targets) of the windows `buf` for the run's phase: its row's batch function."""
+    return PHASES[cfg.phase].batch(cfg, buf, config, n_real_vocab, sample)
 
 
 def unigram_log_probs(counts, vocab_size):
@@ -686,19 +731,76 @@ def set_hyperparameters(optimizer, cfg):
 
 
 def lr_at(cfg, tokens, total, step_tokens=0):
-    """LR of the step that starts after `tokens` tokens of this phase (`step_tokens` per step).
-    Phase 1: linear warmup then constant, read at the step's end, so the first step is above 0.
-    Decay: 1 - sqrt from the peak to min_lr_ratio x peak, read at the step's start, so the first
-    decay step runs at the peak (as Composer's schedulers do) and the cooldown is not cut short."""
-    peak = cfg.learning_rate
-    if PHASES[cfg.phase].schedule == "1-sqrt":
-        progress = min(tokens / max(total, 1), 1.0)
-        return peak * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * (1 - math.sqrt(progress)))
-    return peak * min(1.0, (tokens + step_tokens) / max(cfg.warmup_tokens, 1))
+    """LR of the step that starts after `tokens` of the phase's `total` tokens (`step_tokens` per
+    step): the phase's schedule (section 2: warmup_constant, one_minus_sqrt)."""
+    return PHASES[cfg.phase].schedule(cfg, tokens, total, step_tokens)
 
 
 # -------------------------------------------------------------------------------------------------
-# 6. Training: setup() builds the Run, train() is the loop.
+# 6. Training: where a phase starts, setup() builds the Run, train() is the loop.
+# Where a phase starts and how long it runs. A Phase-1 run starts afresh (or from a general
+# encoder's weights) and spends max_tokens. A continuing phase (the decay) keeps what its Phase 1
+# ended with: the weights, AdamW's moments, the position in the data stream, and a budget that is
+# a share of Phase 1's tokens. A resumed run continues exactly where its checkpoint stopped.
+def steps_for(tokens, global_batch_size, seq_len):
+    """Optimizer steps that spend `tokens` (the last one may pass them), one at least."""
+    return max(1, math.ceil(tokens / (global_batch_size * seq_len)))
+
+
+def phase_budget(cfg, phase1_tokens):
+    """-> (the phase's tokens, its steps): decay_tokens or decay_ratio x Phase 1's for a
+    continuing phase, else max_tokens. Every phase's budget below one optimizer step is refused."""
+    budget = cfg.max_tokens
+    knob = "--max_tokens"
+    what = f"--max_tokens {budget}"
+    if PHASES[cfg.phase].continues and cfg.decay_tokens:
+        budget = cfg.decay_tokens
+        knob = "--decay_tokens"
+        what = f"--decay_tokens {budget}"
+    elif PHASES[cfg.phase].continues:
+        budget = int(cfg.decay_ratio * phase1_tokens)
+        knob = "--decay_ratio"
+        what = f"the decay's budget, --decay_ratio {cfg.decay_ratio} x {phase1_tokens} = {budget},"
+    step_tokens = cfg.global_batch_size * cfg.seq_len
+    if budget < step_tokens:
+        fail(f"{what} is less than one optimizer step, global_batch_size x seq_len = "
+             f"{cfg.global_batch_size} x {cfg.seq_len} = {step_tokens} tokens; raise {knob} or "
+             "lower those")
+    return budget, steps_for(budget, cfg.global_batch_size, cfg.seq_len)
+
+
+def phase1_tokens_of(cfg, ckpt):
+    """The Phase-1 tokens a run's budget follows from: a resumed run's saved count, a decay's
+    Phase-1 checkpoint's tokens, else 0 (a Phase-1 run's budget is max_tokens)."""
+    if cfg.init_from == "resume":
+        return ckpt["phase1_tokens"]
+    return ckpt["tokens"] if PHASES[cfg.phase].continues else 0
+
+
+def start_point(cfg, ckpt, optimizer):
+    """-> dict(start_step, start_tokens, sample0: windows already drawn, phase1_tokens, budget,
+    total_steps). A resumed run continues exactly (AdamW state, position, RNG); a continuing
+    phase (decay) keeps Phase 1's AdamW moments and starts on the first window Phase 1 did not
+    see; other runs start afresh. Every AdamW setting is this run's (set_hyperparameters)."""
+    step = 0
+    tokens = 0
+    sample0 = 0
+    if cfg.init_from == "resume":
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step = ckpt["step"]
+        tokens = ckpt["tokens"]
+        sample0 = ckpt["sample0"]
+        torch.set_rng_state(ckpt["torch_rng"])
+    elif PHASES[cfg.phase].continues:
+        optimizer.load_state_dict(ckpt["optimizer"])  # keep Adam moments; the schedule resets
+        sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # new data
+    set_hyperparameters(optimizer, cfg)
+    phase1_tokens = phase1_tokens_of(cfg, ckpt)
+    budget, total_steps = phase_budget(cfg, phase1_tokens)
+    return dict(start_step=step, start_tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens,
+                budget=budget, total_steps=total_steps)
+
+
 @dataclass(frozen=True)
 class Run:
     """What setup() builds for one phase; the loop's own state (step, tokens, the last loss) is in
@@ -719,6 +821,7 @@ class Run:
     val: "Windows"               # the validation windows
     unigram_logp: torch.Tensor   # log p of the train stream's unigram: every loss's baseline
     tokenizer: Optional[str]     # the data's tokenizer.json, exported with the model (or None)
+    data_identity: dict          # digests of the data's meta.json and tokenizer.json
     peak_flops: Optional[float]  # the device's bf16 peak, for MFU (None: CPU, unknown GPU)
     accum: int                   # micro-batches per rank per optimizer step
     tokens_per_step: int         # tokens per optimizer step over all ranks
@@ -759,6 +862,20 @@ def evaluate(model, cfg, run):
     return dict(zip(("loss", "acc", "unigram"), (total[:3] / total[3]).tolist()))
 
 
+def vocabulary_checked(data_dir, meta, config, train_data, val_data):
+    """The train stream's token counts (the unigram baseline), once every id of train.bin and
+    val.bin is checked to be in the vocabulary: train's from the counts data/prepare.py wrote,
+    val's read in chunks."""
+    counts = train_counts(data_dir, meta, train_data)
+    vocab = min(config.vocab_size, meta["vocab_size"])
+    for split, largest in (("train", len(counts) - 1), ("val", largest_id(val_data))):
+        if largest >= vocab:
+            fail(f"token id {largest} in {data_dir}/{split}.bin is outside the vocabulary "
+                 f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run "
+                 "prepare.py")
+    return counts
+
+
 def setup(cfg, ckpt):
     """The Run of a resolved configuration and the checkpoint it starts from (None: scratch, HF):
     the model (frozen layers, backend, DDP, compile), AdamW, the windows, where it starts."""
@@ -768,11 +885,7 @@ def setup(cfg, ckpt):
     _, val_data = load_data(cfg.data_dir, "val")
     raw_model = build_model(cfg, meta, ckpt)
     config = raw_model.config
-    counts = train_counts(cfg.data_dir, meta, train_data)  # the vocabulary check and the unigram
-    if len(counts) > min(config.vocab_size, meta["vocab_size"]):
-        fail(f"token id {len(counts) - 1} in {cfg.data_dir}/train.bin is outside the vocabulary "
-             f"({meta['vocab_size']}); the data was prepared with another tokenizer: re-run "
-             "prepare.py")
+    counts = vocabulary_checked(cfg.data_dir, meta, config, train_data, val_data)
     frozen = parse_layers(cfg.freeze_layers, config.num_hidden_layers)
     for i in frozen:  # the paper's freeze interventions: these layers keep their weights
         raw_model.model.layers[i].requires_grad_(False)
@@ -790,8 +903,7 @@ def setup(cfg, ckpt):
         model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
     if cfg.compile:  # DDP first, then compile (as PyTorch documents)
         model = torch.compile(model)
-    tokenizer = os.path.join(cfg.data_dir, meta.get("tokenizer", "tokenizer.json"))
-    tokenizer = tokenizer if os.path.exists(tokenizer) else None
+    tokenizer = data_tokenizer(cfg.data_dir, meta)
     if tokenizer:  # read now, not when the export needs it at the end of the run
         hf_tokenizer_files(config, tokenizer)
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
@@ -802,6 +914,7 @@ def setup(cfg, ckpt):
         windows=Windows(train_data, cfg.seq_len, cfg.data_seed),
         val=Windows(val_data, cfg.seq_len, cfg.data_seed),
         unigram_logp=unigram_log_probs(counts, config.vocab_size), tokenizer=tokenizer,
+        data_identity=data_identity(cfg.data_dir),
         peak_flops=device_peak_flops(device),
         accum=cfg.global_batch_size // (cfg.batch_size * world),
         tokens_per_step=cfg.global_batch_size * cfg.seq_len, stop=StopRequest(world))
@@ -864,21 +977,22 @@ def train(cfg, ckpt=None):
                       **validate(cfg, run, step, bar)}
         if record and run.master:
             write_record(run, record)
-        # every ckpt_interval steps and at the end: a checkpoint; at the last step the HF export
+        # every ckpt_interval steps and at the end: a checkpoint (the HF export follows the loop)
         if step % cfg.ckpt_interval == 0 or last_step:
             save_run(cfg, run, step, tokens, loss)
-        if last_step and run.master:
-            save_hf(run.raw_model, os.path.join(cfg.out_dir, "hf"), run.tokenizer)
-            print(f"detour: done, {tokens:,} tokens; HF export in {cfg.out_dir}/hf")
-        # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step
-        if run.stop.requested():
+        # SIGTERM/SIGINT on any rank: all ranks checkpoint and stop at this step (at the last
+        # step the run is finished, not stopped: its checkpoint is saved, its export follows)
+        if run.stop.requested() and not last_step:
             save_run(cfg, run, step, tokens, loss)
             print_stopped(cfg, run, step)
             break
     bar.close()
+    finished = step == run.total_steps
+    if finished and run.master:  # the HF export, also of a finished run whose export was cut
+        finish(cfg, run, tokens, trained=step > run.start_step)
     if run.world > 1:
         dist.destroy_process_group()
-    if run.master and step == run.total_steps:  # after the ranks have parted: no rank waits
+    if run.master and finished:  # after the ranks have parted: no rank waits
         print_samples(cfg, run)
     return run.raw_model
 
@@ -993,9 +1107,74 @@ def read_json(path, keys=(), fix="re-create it"):
             d = json.loads(f.read())
     except ValueError as e:  # UnicodeDecodeError included
         fail(f"{path} is not valid JSON ({e}); {fix}")
-    if missing := [k for k in keys if not isinstance(d, dict) or k not in d]:
+    if not isinstance(d, dict):
+        fail(f"{path} holds a JSON {type(d).__name__}, not an object; {fix}")
+    if missing := [k for k in keys if k not in d]:
         fail(f"{path} lacks {', '.join(missing)}; {fix}")
     return d
+
+
+PREPARE = "re-run data/prepare.py"  # the fix of a dataset that is not as meta.json says
+
+
+def check_meta(meta, path):
+    """meta.json's fields of the types data/prepare.py writes; anything else is one line."""
+    def integer(k):
+        return isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool)
+
+    if not integer("vocab_size") or meta["vocab_size"] < 1:
+        fail(f"{path} has vocab_size {meta['vocab_size']!r}, not a positive integer; {PREPARE}")
+    if bad := [k for k in SPECIAL_IDS if not integer(k) or not 0 <= meta[k] < meta["vocab_size"]]:
+        fail(f"{path} has {bad[0]} {meta[bad[0]]!r}, not an id below vocab_size "
+             f"{meta['vocab_size']}; {PREPARE}")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        fail(f"{path} has dtype {meta['dtype']!r}, not uint16 or uint32; {PREPARE}")
+    if np.iinfo(meta["dtype"]).max < meta["vocab_size"] - 1:
+        fail(f"{path} says {meta['dtype']} for a vocabulary of {meta['vocab_size']}; {PREPARE}")
+    counts = [k for k in ("n_train_tokens", "n_val_tokens", "max_train_token_id") if k in meta]
+    if bad := [k for k in counts if not integer(k) or meta[k] < 0]:
+        fail(f"{path} has {bad[0]} {meta[bad[0]]!r}, not a count; {PREPARE}")
+    if bad := [k for k in ("tokenizer", "train_counts") if not isinstance(meta.get(k, ""), str)]:
+        fail(f"{path} has {bad[0]} {meta[bad[0]]!r}, not a file name; {PREPARE}")
+    return meta
+
+
+def data_tokenizer(data_dir, meta):
+    """The data's tokenizer.json (None without one), checked against meta.json: the same
+    vocabulary size, and its special tokens at meta.json's ids."""
+    path = os.path.join(data_dir, meta.get("tokenizer", "tokenizer.json"))
+    if not os.path.exists(path):
+        return None
+    tokenizer = load_tokenizer(path)
+    fix = f"{PREPARE} (its meta.json and tokenizer.json are written together)"
+    if tokenizer.get_vocab_size() != meta["vocab_size"]:
+        fail(f"{path} has {tokenizer.get_vocab_size()} tokens but {data_dir}/meta.json says "
+             f"vocab_size {meta['vocab_size']}; {fix}")
+    for key in SPECIAL_IDS:
+        name = f"[{key.split('_')[0].upper()}]"
+        at = tokenizer.token_to_id(name)
+        if at is not None and at != meta[key]:
+            fail(f"{path} has {name} at id {at} but {data_dir}/meta.json says {key} "
+                 f"{meta[key]}; {fix}")
+    return path
+
+
+def data_identity(data_dir):
+    """What identifies a dataset, recorded in each checkpoint: the digests of its meta.json (its
+    counts, source and dtype) and of its tokenizer; never its token files (O(corpus))."""
+    meta = read_json(os.path.join(data_dir, "meta.json"), fix=PREPARE)
+    identity = {}
+    for name in ("meta.json", meta.get("tokenizer", "tokenizer.json")):
+        path = os.path.join(data_dir, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                identity[name] = hashlib.sha256(f.read()).hexdigest()[:16]
+    return identity
+
+
+def largest_id(data, chunk=1 << 24):
+    """The largest token id of a token file, read in chunks: memory flat in its size."""
+    return max(int(np.asarray(data[s:s + chunk]).max()) for s in range(0, len(data), chunk))
 
 
 def train_counts(data_dir, meta, train_data):
@@ -1078,9 +1257,9 @@ def safetensors_chunks(tensors):
 
 
 def config_from_hf(d):
-    """Config from an HF config.json dict, older (global_rope_theta, ...) or newer (layer_types,
-    rope_parameters). The source's other fields are kept, and exported as they came (its
-    classifier_pooling, id2label, ...)."""
+    """Config's fields (a dict) from an HF config.json dict, older (global_rope_theta, ...) or
+    newer (layer_types, rope_parameters). The source's other fields are kept, and exported as
+    they came (its classifier_pooling, id2label, ...)."""
     if d.get("model_type") != "modernbert":
         fail(f"config.json has model_type={d.get('model_type')!r}, not 'modernbert'; "
              "detour loads ModernBERT checkpoints only")
@@ -1097,7 +1276,7 @@ def config_from_hf(d):
                       ("sliding_attention", "local_rope_theta")):
         if kind in (d.get("rope_parameters") or {}):
             kw[key] = d["rope_parameters"][kind].get("rope_theta", getattr(Config, key))
-    return Config(**kw)
+    return kw
 
 
 def hf_config_json(config):
@@ -1120,30 +1299,88 @@ def load_hf(directory):
     for p in (cfg_path, st_path):
         if not os.path.exists(p):
             fail(f"{p} not found; point at a directory with config.json and model.safetensors")
-    model = ModernBERT(config_from_hf(read_json(cfg_path, fix="re-export or re-download it")))
+    fix = "re-export or re-download it"
+    d = read_json(cfg_path, fix=fix)
+    try:
+        config = config_from_hf(d)
+    except (AttributeError, TypeError, KeyError) as e:  # a field of another shape than HF's
+        fail(f"{cfg_path} is not a ModernBERT config.json ({type(e).__name__}: {e}); {fix}")
     sd = read_safetensors(st_path)
     sd.setdefault("decoder.weight", sd.get("model.embeddings.tok_embeddings.weight"))  # tied
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        fail(f"{st_path} does not match a ModernBertForMaskedLM: missing {missing[:3]}, "
-             f"unexpected {unexpected[:3]}")
-    return model
+    return model_of(f"{cfg_path} with {st_path}", config, sd, fix)
 
 
 def save_hf(model, directory, tokenizer_path=None):
     """config.json, model.safetensors (and the tokenizer's files) for AutoModelForMaskedLM and
-    pipeline("fill-mask")."""
+    pipeline("fill-mask"), whole or absent: written into a hidden directory beside `directory`,
+    then renamed into place (replace_directory), so that a kill at any moment leaves the earlier
+    state or the complete export, never a part of it. Other files there are kept."""
     model = getattr(model, "_orig_mod", model)
-    make_dirs(directory)
     sd = {k: v.float() if v.is_floating_point() else v
           for k, v in model.state_dict().items() if k != "decoder.weight"}
     chunks = safetensors_chunks(sd)
-    atomic_write(os.path.join(directory, "model.safetensors"), lambda f: [*map(f.write, chunks)])
     files = {"config.json": json.dumps(hf_config_json(model.config), indent=2)}
     if tokenizer_path:
         files.update(hf_tokenizer_files(model.config, tokenizer_path))
+    path = os.path.normpath(directory)
+    make_dirs(os.path.dirname(path) or ".")  # an error names the directory asked for
+    partial = hidden(path, "partial")
+    remove_tree(partial)  # what a killed export left
+    make_dirs(partial)
+    atomic_write(os.path.join(partial, "model.safetensors"), lambda f: [*map(f.write, chunks)])
     for name, text in files.items():
-        atomic_write(os.path.join(directory, name), lambda f: f.write(text.encode()))
+        atomic_write(os.path.join(partial, name), lambda f: f.write(text.encode()))
+    carry_others(path, partial)
+    replace_directory(partial, path)
+
+
+def carry_others(path, partial):
+    """The files of an earlier `path` that the new export does not write (a tokenizer.json put
+    there by hand, a README) go into it too: an export replaces its own files, not the rest."""
+    if not os.path.isdir(path):
+        return
+    for name in sorted(set(os.listdir(path)) - set(os.listdir(partial))):
+        source = os.path.join(path, name)
+        try:
+            if os.path.isdir(source):
+                shutil.copytree(source, os.path.join(partial, name), copy_function=os.link)
+            else:
+                os.link(source, os.path.join(partial, name))  # a hard link: no copy of the bytes
+        except OSError as e:
+            fail(f"cannot keep {source} in the new export ({os_reason(e)}); move it out of {path}")
+
+
+def hidden(path, tag):
+    """The hidden name beside `path` for an export in the making (partial) or the one it
+    replaces (old): `.hf.partial`, `.hf.old`."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{tag}")
+
+
+def remove_tree(path):
+    """Remove a directory (or a file) if it is there; a filesystem error is one line."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+    except OSError as e:
+        fail(f"cannot remove {path} ({os_reason(e)}); make its directory writable")
+
+
+def replace_directory(new, path):
+    """Put the complete directory `new` at `path`: an earlier one is renamed aside first and
+    removed after, so `path` is either the earlier directory or the new one (absent only between
+    two renames)."""
+    old = hidden(path, "old")
+    remove_tree(old)
+    try:
+        if os.path.lexists(path):
+            os.replace(path, old)
+        os.replace(new, path)
+    except OSError as e:
+        fail(f"cannot put the export in place at {path} ({os_reason(e)}); make its directory "
+             "writable")
+    remove_tree(old)
 
 
 def hf_dir(path):
@@ -1318,7 +1555,7 @@ def prepare(cfg, run, buf, sample):
     doc_ids = document_ids(x, run.config.sep_token_id) if cfg.doc_mask else torch.zeros_like(x)
     cu, longest = document_spans(doc_ids)
     n = int((y != IGNORE).sum())
-    cap = head_capacity(y.numel(), predicted_fraction(cfg))
+    cap = head_capacity(y.numel(), masking_rate(cfg))
     varlen = run.raw_model.model.attn_backend == "varlen"
     pin = run.device.type == "cuda"
 
@@ -1460,11 +1697,13 @@ DEVICE = (is_device, "auto | cpu | cuda | cuda:N, a device this machine has")
 DTYPE = one_of("auto", "float32", "bfloat16")
 NOT_A_FILE = (is_not_a_file, "a directory, not a file")  # data_dir, out_dir, init_from
 DIRECTORY = (lambda v: bool(v) and is_not_a_file(v), "not empty, a directory, not a file")
+# torch's generators take seeds below 2^64: a seed x 1,000,003 + a window's index stays far below
+SEED = (lambda v: 0 <= v < 2**32, "in [0, 2^32)")
 RULES = dict(phase=one_of(*PHASES), preset=one_of(*PRESETS), init_from=DIRECTORY,
              data_dir=DIRECTORY, out_dir=NOT_A_FILE, mlm_rate=RATE, decay_mlm_rate=RATE,
              seq_len=POSITIVE, batch_size=POSITIVE, global_batch_size=POSITIVE,
              max_tokens=POSITIVE, decay_ratio=(lambda v: 0 < v <= 1, "in (0, 1]"),
-             decay_tokens=NON_NEGATIVE, data_seed=NON_NEGATIVE, seed=NON_NEGATIVE,
+             decay_tokens=NON_NEGATIVE, data_seed=SEED, seed=SEED,
              learning_rate=POSITIVE, warmup_tokens=NON_NEGATIVE, min_lr_ratio=FRACTION,
              beta1=BETA, beta2=BETA, eps=POSITIVE, weight_decay=NON_NEGATIVE,
              grad_clip=NON_NEGATIVE, device=DEVICE, dtype=DTYPE, eval_interval=POSITIVE,
@@ -1554,59 +1793,56 @@ def parse_layers(spec, n_layers):
     return sorted(out)
 
 
-# Checkpoints (written atomically: a crash mid-write keeps the last one), and where a run starts:
-# resolve() decides every resume and inheritance rule, reading each checkpoint once.
+# Checkpoints (written atomically: a crash mid-write keeps the last one) and the record of a run:
+# ckpt.pt, config.json (the configuration that ran), the copy of detour.py, log.jsonl, hf/.
+# A checkpoint is data: torch's safe loader reads tensors and plain values, never code.
+CHECKPOINT_KEYS = ("model", "optimizer", "model_args", "config", "torch_rng", "phase", "step",
+                   "tokens", "sample0", "phase1_tokens")
+
+
 def load_checkpoint(directory):
+    """out_dir/ckpt.pt as data (weights_only: a pickle that would run code is refused, and
+    nothing in it runs), checked to be one detour wrote."""
     path = os.path.join(directory, "ckpt.pt")
     if not os.path.exists(path):
-        fail(f"no checkpoint at {path}; train Phase 1 first (--phase clm or mlm)")
+        phase1 = " or ".join(n for n, p in PHASES.items() if not p.continues)
+        fail(f"no checkpoint at {path}; train Phase 1 first (--phase {phase1})")
     try:  # mmap: tensors are read when used
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        fail(f"{path} holds more than tensors and plain values, and detour loads checkpoints as "
+             f"data only ({str(e).splitlines()[0][:80]}); use a checkpoint detour wrote")
     except Exception as e:
         fail(f"{path} is unreadable ({type(e).__name__}); restore it or retrain")
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        fail(f"{path} is not a checkpoint detour wrote (it lacks {', '.join(missing[:4])}); "
+             "start from an HF directory (--init_from DIR with config.json) or retrain")
+    return ckpt
 
 
-def steps_for(tokens, global_batch_size, seq_len):
-    """Optimizer steps that spend `tokens` (the last one may pass them), one at least."""
-    return max(1, math.ceil(tokens / (global_batch_size * seq_len)))
-
-
-def phase_budget(cfg, phase1_tokens):
-    """-> (the phase's tokens, its steps): decay_tokens or decay_ratio x Phase 1's for a
-    continuing phase, else max_tokens. Every phase's budget below one optimizer step is refused."""
-    budget = cfg.max_tokens
-    knob = "--max_tokens"
-    what = f"--max_tokens {budget}"
-    if PHASES[cfg.phase].continues and cfg.decay_tokens:
-        budget = cfg.decay_tokens
-        knob = "--decay_tokens"
-        what = f"--decay_tokens {budget}"
-    elif PHASES[cfg.phase].continues:
-        budget = int(cfg.decay_ratio * phase1_tokens)
-        knob = "--decay_ratio"
-        what = f"the decay's budget, --decay_ratio {cfg.decay_ratio} x {phase1_tokens} = {budget},"
-    step_tokens = cfg.global_batch_size * cfg.seq_len
-    if budget < step_tokens:
-        fail(f"{what} is less than one optimizer step, global_batch_size x seq_len = "
-             f"{cfg.global_batch_size} x {cfg.seq_len} = {step_tokens} tokens; raise {knob} or "
-             "lower those")
-    return budget, steps_for(budget, cfg.global_batch_size, cfg.seq_len)
-
-
-def phase1_tokens_of(cfg, ckpt):
-    """The Phase-1 tokens a run's budget follows from: a resumed run's saved count, a decay's
-    Phase-1 checkpoint's tokens, else 0 (a Phase-1 run's budget is max_tokens)."""
-    if cfg.init_from == "resume":
-        return ckpt["phase1_tokens"]
-    return ckpt["tokens"] if PHASES[cfg.phase].continues else 0
+def model_of(source, config_kwargs, state, fix):
+    """A ModernBERT of a config and its weights; a config that does not agree with itself or with
+    the weights is one line naming `source`."""
+    try:
+        model = ModernBERT(Config(**config_kwargs))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except (TypeError, ValueError, RuntimeError, ArithmeticError) as e:
+        fail(f"{source} does not describe a ModernBERT its weights fit "
+             f"({str(e).strip().splitlines()[-1][:120]}); {fix}")
+    if missing or unexpected:
+        fail(f"{source} does not match a ModernBertForMaskedLM: missing {missing[:3]}, "
+             f"unexpected {unexpected[:3]}; {fix}")
+    return model
 
 
 def build_model(cfg, meta, ckpt):
     """The model a run starts from: the checkpoint's weights, an HF directory's, or a fresh one
     (scratch); then the data must fit it."""
     if ckpt is not None:
-        model = ModernBERT(Config(**ckpt["model_args"]))
-        model.load_state_dict(ckpt["model"])
+        source = cfg.out_dir if cfg.init_from == "resume" else cfg.init_from
+        model = model_of(os.path.join(source, "ckpt.pt"), ckpt["model_args"], ckpt["model"],
+                         "use a checkpoint detour wrote")
     elif cfg.init_from == "scratch":
         vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
         special = {k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
@@ -1629,55 +1865,51 @@ def build_model(cfg, meta, ckpt):
     return model
 
 
-def start_point(cfg, ckpt, optimizer):
-    """-> dict(start_step, start_tokens, sample0: windows already drawn, phase1_tokens, budget,
-    total_steps). A resumed run continues exactly (AdamW state, position, RNG); a continuing
-    phase (decay) keeps Phase 1's AdamW moments and starts on the first window Phase 1 did not
-    see; other runs start afresh. Every AdamW setting is this run's (set_hyperparameters)."""
-    step = 0
-    tokens = 0
-    sample0 = 0
-    if cfg.init_from == "resume":
-        optimizer.load_state_dict(ckpt["optimizer"])
-        step = ckpt["step"]
-        tokens = ckpt["tokens"]
-        sample0 = ckpt["sample0"]
-        torch.set_rng_state(ckpt["torch_rng"])
-    elif PHASES[cfg.phase].continues:
-        optimizer.load_state_dict(ckpt["optimizer"])  # keep Adam moments; the schedule resets
-        sample0 = ckpt["sample0"] + ckpt["step"] * ckpt["config"]["global_batch_size"]  # new data
-    set_hyperparameters(optimizer, cfg)
-    phase1_tokens = phase1_tokens_of(cfg, ckpt)
-    budget, total_steps = phase_budget(cfg, phase1_tokens)
-    return dict(start_step=step, start_tokens=tokens, sample0=sample0, phase1_tokens=phase1_tokens,
-                budget=budget, total_steps=total_steps)
-
-
 def save_run(cfg, run, step, tokens, loss):
     """Rank 0 checkpoints the run at `step`: what start_point needs to resume it (never a
-    diverged one)."""
+    diverged one), the configuration that ran (record_of) and its data's identity."""
     check_finite(cfg, loss, step)
     if not run.master:
         return
     make_dirs(cfg.out_dir)
     phase1_tokens = run.phase1_tokens if run.phase.continues else tokens
     ckpt = dict(model=run.raw_model.state_dict(), optimizer=run.optimizer.state_dict(),
-                model_args=asdict(run.config), config=dict(vars(cfg)),
+                model_args=asdict(run.config), config=record_of(vars(cfg)),
                 torch_rng=torch.get_rng_state(), phase=cfg.phase, step=step, tokens=tokens,
-                sample0=run.sample0, phase1_tokens=phase1_tokens)
+                sample0=run.sample0, phase1_tokens=phase1_tokens, data=run.data_identity)
     atomic_write(os.path.join(cfg.out_dir, "ckpt.pt"), lambda f: torch.save(ckpt, f))
 
 
+# What belongs to one run in its out_dir: a run that starts afresh removes the old run's first,
+# so that no file of it is read as the new run's (ckpt.pt and the exports; log.jsonl is cut,
+# run.json and detour.py are written anew).
+RUN_FILES = ("ckpt.pt", "hf", "init")
+
+
+def clear_old_run(out_dir):
+    """Remove what an earlier run left in out_dir (RUN_FILES, and an export it was making),
+    before a fresh run writes."""
+    for name in RUN_FILES:
+        path = os.path.join(out_dir, name)
+        for leftover in (path, hidden(path, "partial"), hidden(path, "old")):
+            remove_tree(leftover)
+
+
 def open_outputs(cfg, run):
-    """Rank 0: out_dir/detour.py (the code that runs), log.jsonl cut to a resumed checkpoint (a
-    kill -9 can leave later records), a run from scratch's step-0 weights (init/, for
-    weight-drift analysis) -> {log: the open log, wandb: the W&B run or None}."""
+    """Rank 0: the record (run.json: the values that run; detour.py: the code that runs),
+    log.jsonl cut to a resumed checkpoint (a kill -9 can leave later records), a run from
+    scratch's step-0 weights (init/, for weight-drift analysis) -> {log: the open log, wandb: the
+    W&B run or None}."""
     if not run.master:
         return {}
     make_dirs(cfg.out_dir)
+    if cfg.init_from != "resume" and run.start_step == 0:
+        clear_old_run(cfg.out_dir)
     with open(os.path.abspath(__file__), "rb") as f:
         source = f.read()
     atomic_write(os.path.join(cfg.out_dir, "detour.py"), lambda f: f.write(source))
+    record = json.dumps(record_of(vars(cfg)), indent=1) + "\n"
+    atomic_write(os.path.join(cfg.out_dir, "run.json"), lambda f: f.write(record.encode()))
     log_path = os.path.join(cfg.out_dir, "log.jsonl")
     if os.path.exists(log_path):  # a run from step 0 keeps none of an earlier attempt's records
         with open(log_path) as f:
@@ -1695,13 +1927,30 @@ def open_outputs(cfg, run):
     if cfg.wandb_log:  # nanoGPT's tracker: imported only when asked for (resolve checked it)
         import wandb
         wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or cfg.out_dir,
-                               config=vars(cfg), dir=cfg.out_dir, id=cfg.wandb_run_id,
+                               config=record_of(vars(cfg)), dir=cfg.out_dir, id=cfg.wandb_run_id,
                                resume="allow")
     try:
         log = open(log_path, "a")
     except OSError as e:
         fail(f"cannot write {log_path} ({os_reason(e)}); make {cfg.out_dir} writable")
     return {"log": log, "wandb": wandb_run}
+
+
+def export_whole(directory, tokenizer):
+    """Whether `directory` holds a complete HF export (its files, the tokenizer's if any)."""
+    names = ["config.json", "model.safetensors"]
+    if tokenizer:
+        names.append("tokenizer.json")
+    return all(os.path.isfile(os.path.join(directory, n)) for n in names)
+
+
+def finish(cfg, run, tokens, trained):
+    """Rank 0, at the end of a run: the HF export, written when this run trained or when the one
+    there is missing or incomplete (a kill during the export of a finished run)."""
+    directory = os.path.join(cfg.out_dir, "hf")
+    if trained or not export_whole(directory, run.tokenizer):
+        save_hf(run.raw_model, directory, run.tokenizer)
+    print(f"detour: done, {tokens:,} tokens; HF export in {directory}")
 
 
 def write_record(run, record):
@@ -1722,20 +1971,61 @@ def print_stopped(cfg, run, step):
           f"Continue with {again}")
 
 
-# Resolution: the configuration of a run, decided in one place before anything trains.
+# Resolution: the configuration of a run, decided in one place before anything trains: the
+# running file's constants, under what the run continues (a resumed run: its saved configuration;
+# a decay: the keys of INHERITED from its Phase 1), under argv. Each key acts where it is
+# declared: a phase's own keys in its row's `reads`, the conditional ones in WHEN, every other
+# key in every run. A key given that does not act is refused; the record holds the keys that act.
 Settings = make_dataclass("Settings", [(k, type(v)) for k, v in DEFAULTS.items()], frozen=True)
 # Keys that change nothing computed: --autoresume lets them differ from the checkpoint's.
-RERUN_KEYS = ("out_dir", "overwrite", "progress", "autoresume", "early_decay", "wandb_log",
-              "wandb_project", "wandb_run_name", "wandb_run_id")
+RERUN_KEYS = ("out_dir", "overwrite", "progress", "autoresume", "early_decay", "new_data",
+              "wandb_log", "wandb_project", "wandb_run_name", "wandb_run_id")
+PHASE_KEYS = {key for row in PHASES.values() for key in row.reads}
+STARTS = (lambda v: v["init_from"] != "resume", "when a run starts, not on --init_from resume")
+WANDB = (lambda v: v["wandb_log"], "with --wandb_log true")
+WHEN = dict(
+    preset=(lambda v: v["init_from"] == "scratch", "with --init_from scratch (a checkpoint or an "
+            "HF directory brings its own shape)"),
+    decay_ratio=(lambda v: v["decay_tokens"] == 0, "with --decay_tokens 0 (else decay_tokens is "
+                 "the budget)"),
+    new_data=(lambda v: v["init_from"] == "resume" or PHASES[v["phase"]].continues,
+              "on a resume or a decay"),
+    early_decay=STARTS, overwrite=STARTS, autoresume=STARTS,
+    wandb_project=WANDB, wandb_run_name=WANDB, wandb_run_id=WANDB)
+
+
+def acts(key, values):
+    """Whether `key` acts in the run of `values`."""
+    return where_else(key, values) is None
+
+
+def where_else(key, values):
+    """None where `key` acts in the run of `values`; else where it would."""
+    if key in PHASE_KEYS and key not in PHASES[values["phase"]].reads:
+        readers = [name for name, row in PHASES.items() if key in row.reads]
+        return f"in --phase {' | '.join(readers)}"
+    if key in WHEN and not WHEN[key][0](values):
+        return WHEN[key][1]
+    return None
+
+
+def record_of(values):
+    """The run's record (run.json, the checkpoint's configuration): the keys that act."""
+    return {k: values[k] for k in DEFAULTS if acts(k, values)}
+
+
+def say(line):
+    """A line at start, printed once (rank 0 under torchrun)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(line)
 
 
 def resolve(argv):
     """argv -> (the run's frozen configuration, the checkpoint it starts from or None), or None
-    when --autoresume finds the run finished. The constants, under what the run continues (a
-    resumed run its saved configuration, a decay its Phase 1's but the keys it owns), under
-    argv; each checkpoint read once and checked before anything of it is merged."""
+    when --autoresume finds the run finished. Each checkpoint is read once and checked before
+    anything of it is merged."""
     values = dict(DEFAULTS)
-    given = apply_overrides(values, argv)
+    given = apply_overrides(values, config_args(argv))
     check(values, RULES)
     phase = PHASES[values["phase"]]
     ckpt = None
@@ -1748,16 +2038,15 @@ def resolve(argv):
         if os.path.exists(os.path.join(values["init_from"], "ckpt.pt")):  # a detour out_dir
             ckpt = load_checkpoint(values["init_from"])  # its weights
     check(values, RULES)  # again: also what a resumed or continuing run inherits
-    path = os.path.join(values["out_dir"], "ckpt.pt")
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun restarts
-    if values["init_from"] != "resume" and os.path.exists(path):
-        if not (values["autoresume"] or restarted or values["overwrite"]):
-            fail(f"{path} exists (phase {load_checkpoint(values['out_dir']).get('phase')}); use "
-                 "--init_from resume to continue it, another --out_dir, or --overwrite true")
-        if values["autoresume"] or restarted:
-            ckpt = autoresumed(values, load_checkpoint(values["out_dir"]))
-            if ckpt is None:
-                return None
+    for key in given:
+        if where := where_else(key, values):
+            fail(f"--{key} does not act in this run (it acts {where}); drop it")
+    if values["init_from"] != "resume":
+        ckpt = existing_run(values, ckpt)
+        if ckpt is False:
+            return None
+    if values["init_from"] == "resume" or phase.continues:
+        check_data(values, ckpt)
     if values["wandb_log"]:
         if importlib.util.find_spec("wandb") is None:
             fail("--wandb_log true needs the wandb package; pip install wandb (or --wandb_log "
@@ -1768,12 +2057,63 @@ def resolve(argv):
     return cfg, ckpt
 
 
+def config_args(argv):
+    """A run's run.json given first (`detour.py out/clm/run.json --out_dir out/again`, as
+    nanoGPT's configurator) -> its keys as --key=value, then the rest of argv."""
+    if not argv or not argv[0].endswith(".json"):
+        return argv
+    saved = read_json(argv[0], fix="give the run.json a detour run wrote")
+    texts = {True: "true", False: "false"}
+    return [f"--{k}={texts.get(v, v) if isinstance(v, bool) else v}" for k, v in saved.items()
+            ] + list(argv[1:])
+
+
+def existing_run(values, ckpt):
+    """A run that starts where out_dir already holds a checkpoint: refused, unless --overwrite
+    (the old run is removed as this one starts) or --autoresume / a torchrun restart (it is
+    continued, or False when it is finished and whole)."""
+    path = os.path.join(values["out_dir"], "ckpt.pt")
+    if not os.path.exists(path):
+        return ckpt
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # torchrun restarts
+    if not (values["autoresume"] or restarted or values["overwrite"]):
+        fail(f"{path} exists (phase {load_checkpoint(values['out_dir']).get('phase')}); use "
+             "--init_from resume to continue it, another --out_dir, or --overwrite true")
+    if values["autoresume"] or restarted:
+        return autoresumed(values, load_checkpoint(values["out_dir"]))
+    return ckpt
+
+
+def check_data(values, ckpt):
+    """A resume or a decay runs on the data its checkpoint ran on (data_identity), unless
+    --new_data true says other data is meant."""
+    source = values["out_dir"] if values["init_from"] == "resume" else values["init_from"]
+    saved = ckpt.get("data")
+    if saved is None:
+        say(f"detour: {source}/ckpt.pt records no data identity (detour did not record it then); "
+            "its data is not checked")
+        return
+    load_data(values["data_dir"], "train")  # a missing or malformed dataset: its own line
+    here = data_identity(values["data_dir"])
+    if here == saved:
+        return
+    differ = ", ".join(sorted(n for n in {*saved, *here} if saved.get(n) != here.get(n)))
+    then = ckpt["config"].get("data_dir")
+    if not values["new_data"]:
+        fail(f"{values['data_dir']} is not the data {source} ran on ({then}): its {differ} "
+             "differ; point --data_dir at that data, or pass --new_data true if other data is "
+             "meant")
+    say(f"detour: --new_data: running on {values['data_dir']}, not the data {source} ran on "
+        f"({then}; {differ} differ)")
+
+
 def resumed(values, given):
-    """--init_from resume: out_dir's checkpoint, and its saved configuration under argv (a key it
-    lacks: today's default). -> the checkpoint."""
+    """--init_from resume: out_dir's checkpoint, and its saved configuration under argv. A value
+    that differs from this file's, or that the checkpoint lacks, is said. -> the checkpoint."""
     if not values["out_dir"]:
         if PHASES[values["phase"]].continues:
-            fail("to resume a decay run, name it: --init_from resume --out_dir out/clm-decay")
+            fail(f"to resume a {values['phase']} run, name it: --init_from resume --out_dir "
+                 f"out/clm-{values['phase']}")
         values["out_dir"] = os.path.join("out", values["phase"])
     out = values["out_dir"]
     ckpt = load_checkpoint(out)
@@ -1783,20 +2123,32 @@ def resumed(values, given):
              "a resume continues its own phase: drop --phase")
     values.update({k: v for k, v in saved.items() if k in DEFAULTS}, **given)
     values["out_dir"] = out  # where it is now, not where it was
+    quiet = {*RERUN_KEYS, *given, "init_from", "phase"}
+    runs = [f"{k} {v!r} (this file: {DEFAULTS[k]!r})" for k, v in saved.items()
+            if k in DEFAULTS and k not in quiet and v != DEFAULTS[k]]
+    if runs:
+        say(f"detour: resume: {out}'s values run: {'; '.join(runs)}; --key value changes one")
+    absent = [f"{k} {values[k]!r}" for k in DEFAULTS
+              if k not in saved and k not in quiet and acts(k, values)]
+    if absent:
+        say(f"detour: resume: not in {out}'s configuration, this file's values run: "
+            f"{'; '.join(absent)}")
     return ckpt
 
 
 def continued(values, given):
-    """A continuing phase (the decay): Phase 1's finished checkpoint, and its configuration (the
-    same data, model shape, batch and peak lr) but the keys the phase owns, under argv. -> the
-    Phase-1 checkpoint."""
+    """A continuing phase (the decay): Phase 1's finished checkpoint, and the keys of INHERITED
+    from its configuration; every other key is this file's or argv's. Where an inherited value
+    differs from this file's or argv's, a line says which runs. -> the Phase-1 checkpoint."""
     source = values["init_from"]
+    starts = [name for name, row in PHASES.items() if not row.continues]
+    phase1 = " or ".join(starts)
     if source == "scratch":
-        fail(f"--phase {values['phase']} starts from a Phase-1 checkpoint; pass --init_from "
-             "out/clm")
+        fail(f"--phase {values['phase']} starts from a Phase-1 checkpoint ({phase1}); pass "
+             f"--init_from out/{starts[0]}")
     ckpt = load_checkpoint(source)
-    if ckpt.get("phase") not in ("clm", "mlm"):
-        fail(f"--phase {values['phase']} needs a Phase-1 (clm or mlm) checkpoint; {source} holds "
+    if ckpt.get("phase") not in PHASES or PHASES[ckpt.get("phase")].continues:
+        fail(f"--phase {values['phase']} needs a Phase-1 checkpoint ({phase1}); {source} holds "
              f"phase {ckpt.get('phase')!r}")
     saved = ckpt["config"]
     planned = steps_for(*(saved.get(k, DEFAULTS[k])
@@ -1804,32 +2156,46 @@ def continued(values, given):
     if ckpt["step"] < planned and not values["early_decay"]:
         fail(f"{source} stopped at step {ckpt['step']} of the {planned} its Phase 1 planned; "
              "finish it (--init_from resume), or decay from it anyway with --early_decay true")
-    own = PHASES[values["phase"]].own
-    values.update({k: v for k, v in saved.items() if k in DEFAULTS and k not in own}, **given)
+    values.update({k: saved[k] for k in INHERITED if k in saved and k not in given})
+    kept = [f"{k} {saved[k]!r} (this file: {DEFAULTS[k]!r})" for k in INHERITED
+            if k in saved and k not in given and saved[k] != DEFAULTS[k]]
+    if kept:
+        say(f"detour: {source}'s values run, as a decay continues its Phase 1: "
+            f"{'; '.join(kept)}; --key value changes one")
+    changed = [f"{k} {given[k]!r} ({source}: {saved[k]!r})" for k in INHERITED
+               if k in saved and k in given and given[k] != saved[k]]
+    if changed:
+        say(f"detour: the command line's values run, not {source}'s: {'; '.join(changed)}")
+    if absent := [f"{k} {values[k]!r}" for k in INHERITED if k not in saved]:
+        say(f"detour: not in {source}'s configuration, this file's values run: "
+            f"{'; '.join(absent)}")
     values["out_dir"] = values["out_dir"] or source.rstrip("/") + "-decay"
     return ckpt
 
 
 def autoresumed(values, ckpt):
     """--autoresume, as Composer's: out_dir's checkpoint of this phase and configuration -> the
-    run, continued as --init_from resume does (values changed to say so); finished -> None (said
-    once; exit 0); of another phase or configuration -> refused, naming what differs. A resumed
-    run's checkpoint says init_from "resume"."""
+    run, continued as --init_from resume does (values changed to say so); finished with its
+    export whole -> False (said once; exit 0), finished without it -> continued, which writes it;
+    of another phase or configuration -> refused, naming what differs. A resumed run's
+    checkpoint says init_from "resume"."""
     path = os.path.join(values["out_dir"], "ckpt.pt")
     saved = ckpt["config"]
-    master = int(os.environ.get("RANK", "0")) == 0
     ignored = {*RERUN_KEYS, *(["init_from"] if saved.get("init_from") == "resume" else [])}
     if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in values.items()
                   if k in saved and k not in ignored and saved[k] != v]:
         fail(f"--autoresume: {path} was run with another configuration ({'; '.join(differ)}); "
              "rerun it with its settings, or give another --out_dir")
-    if ckpt["step"] >= phase_budget(Settings(**values), ckpt["phase1_tokens"])[1]:
-        if master:
-            print(f"detour: {values['out_dir']} is finished (step {ckpt['step']}, "
-                  f"{ckpt['tokens']:,} tokens); nothing to do")
-        return None
-    if master:
-        print(f"detour: autoresume: continuing {path} from step {ckpt['step']}")
+    finished = ckpt["step"] >= phase_budget(Settings(**values), ckpt["phase1_tokens"])[1]
+    meta = load_data(values["data_dir"], "train")[0]
+    whole = export_whole(os.path.join(values["out_dir"], "hf"),
+                         data_tokenizer(values["data_dir"], meta))
+    if finished and whole:
+        say(f"detour: {values['out_dir']} is finished (step {ckpt['step']}, "
+            f"{ckpt['tokens']:,} tokens); nothing to do")
+        return False
+    say(f"detour: autoresume: continuing {path} from step {ckpt['step']}"
+        + (" (finished; its HF export is written again)" if finished else ""))
     values["init_from"] = "resume"
     # the requeued job logs into its own W&B run
     values["wandb_run_id"] = values["wandb_run_id"] or saved.get("wandb_run_id") or ""

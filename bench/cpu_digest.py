@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMING = ("tok_per_s", "mfu")  # wall-clock fields: they differ on every run
 SHORT = ["--max_tokens", "25600", "--eval_interval", "25", "--log_interval", "5", "--ckpt_interval", "20",
          "--eval_tokens", "4096", "--warmup_tokens", "5120", "--progress", "false"]
+PHASE1_ONLY = ("--max_tokens", "--warmup_tokens")  # a decay refuses them: its budget and schedule are its own
 # (name, launcher ranks, arguments); a decay names the Phase-1 run it continues.
 RUNS = [
     ("clm", 1, ["--phase", "clm"]),
@@ -65,7 +66,7 @@ def digest_run(directory):
     """The digests of one out_dir."""
     with open(os.path.join(directory, "log.jsonl")) as f:
         records = [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f if line.strip()]
-    ckpt = torch.load(os.path.join(directory, "ckpt.pt"), map_location="cpu", weights_only=False)
+    ckpt = torch.load(os.path.join(directory, "ckpt.pt"), map_location="cpu", weights_only=True)
     out = {"log": sha(json.dumps(records, sort_keys=True).encode()), "last": records[-1],
            "weights": tensor_digest(ckpt["model"]), "adamw": tensor_digest(ckpt["optimizer"]["state"]),
            "position": [ckpt["step"], ckpt["tokens"], ckpt["sample0"], ckpt["phase1_tokens"]]}
@@ -91,7 +92,10 @@ def main():
         for name, ranks, extra in RUNS:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
             argv = [a.format(out=tmp) for a in extra]
-            cmd = [*launcher, "detour.py", "--data_dir", data, *SHORT, *argv, "--out_dir", os.path.join(tmp, name)]
+            short = SHORT
+            if "decay" in argv:
+                short = [a for k, v in zip(SHORT[::2], SHORT[1::2]) if k not in PHASE1_ONLY for a in (k, v)]
+            cmd = [*launcher, "detour.py", "--data_dir", data, *short, *argv, "--out_dir", os.path.join(tmp, name)]
             subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             digests[name] = digest_run(os.path.join(tmp, name))
             print(name, digests[name]["weights"], digests[name]["log"], flush=True)

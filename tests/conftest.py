@@ -24,3 +24,16 @@ def tiny_data(tmp_path):
 TINY_RUN = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8",
             "--learning_rate", "3e-3", "--warmup_tokens", "1024", "--progress", "false",
             "--eval_interval", "4", "--eval_tokens", "1024", "--log_interval", "1", "--grad_clip", "1.0"]
+
+
+def without(args, *keys):
+    """args less the given --keys and their values: a key that does not act in a run is refused,
+    so a run from a checkpoint drops --preset, and a decay drops Phase 1's own keys too."""
+    kept = []
+    for key, value in zip(args[::2], args[1::2]):
+        kept += [] if key in keys else [key, value]
+    return kept
+
+
+TINY_INIT = without(TINY_RUN, "--preset")  # from a checkpoint or an HF directory: it brings its shape
+TINY_DECAY = without(TINY_RUN, "--preset", "--warmup_tokens")  # a decay: Phase 1's keys do not act

@@ -93,14 +93,14 @@ ROWS = [
     ("detour", "--init_from=", "--init_from '' must be not empty", ""),
     ("detour", "--seq_len long", "--seq_len expects an integer, got 'long'; e.g. --seq_len 64", ""),
     ("detour", "--data_dir {root}/garbage_meta", "garbage_meta/meta.json is not valid JSON", "cli"),
-    ("detour", "--data_dir {root}/meta_no_keys", "meta_no_keys/meta.json lacks dtype", ""),
-    ("detour", "--data_dir {root}/odd_bin", "odd_bin/train.bin does not hold uint16 token ids", ""),
+    ("detour", "--data_dir {root}/meta_no_keys", "meta_no_keys/meta.json lacks pad_token_id, cls_token_id", ""),
+    ("detour", "--data_dir {root}/odd_bin", "odd_bin/train.bin does not hold", ""),
     ("detour", "--data_dir {root}/bad_tokenizer", "bad_tokenizer/tokenizer.json is not a tokenizer.json", ""),
     ("detour", "--data_dir {root}/ok.txt", "ok.txt' must be not empty, a directory, not a file", "cli"),
     ("detour", "--out_dir {root}/ok.txt", "ok.txt' must be a directory, not a file", ""),
     ("detour", "--init_from {root}/ok.txt", "ok.txt' must be not empty, a directory, not a file", ""),
     ("detour", "--out_dir {root}/ok.txt/sub", "cannot create the directory ", "cli"),
-    ("detour", "--phase decay --init_from {out} --decay_tokens 100", "--decay_tokens 100 is less than one optimizer", ""),
+    ("decay", "--phase decay --init_from {out} --decay_tokens 100", "--decay_tokens 100 is less than one optimizer", ""),
     ("prepare", "--input {root}/latin1.txt", "latin1.txt is not UTF-8 text", "cli"),
     ("prepare", "--tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the tokenizers", ""),
     ("prepare", "--vocab_size 0", "--vocab_size 0 must be >= 261", ""),
@@ -143,12 +143,14 @@ ROWS = [
      "ok.txt/tasks/ner (Not a directory); choose another path", ""),
     ("analysis", "--analysis drift --ckpts {out},{out} --out_dir {root}/ok.txt/an", "ok.txt/an (Not a directory); give --out_dir", "cli"),
     ("analysis", "--analysis transplant --layers 0 --ckpts {out},{root}/clm_copy --tasks t=cls:{root}/good_task --seeds 1 "
-     "--out_dir {root}/ok.txt/tp", "ok.txt/tp/transplant-0 (Not a directory)", ""),
+     "--out_dir {root}/ok.txt/tp", "ok.txt/tp (Not a directory)", ""),
 ]
 OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
            "prepare": "--out_dir {data} --n_docs 50",
            "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false"}
 OUTPUTS["analysis"] = OUTPUTS["finetune"]
+OUTPUTS["decay"] = "--out_dir {root}/decay --progress false"  # a decay takes its shape and Phase 1's keys from {out}
+PROGRAMS["decay"] = PROGRAMS["detour"]
 
 
 @pytest.mark.parametrize("program,args,message,cli", ROWS)

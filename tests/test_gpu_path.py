@@ -55,7 +55,7 @@ def test_bf16_training_tracks_fp32_and_saves_fp32(tiny_data, tmp_path, phase):
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in got)
     assert 0 < dev <= 2e-3, dev
     assert abs(got[-1]["val_loss"] - ref[-1]["val_loss"]) <= 2e-3
-    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert all(t.dtype == torch.float32 for t in ck["model"].values())
     assert all(v.dtype == torch.float32 for s in ck["optimizer"]["state"].values() for k, v in s.items()
                if k != "step")
@@ -91,7 +91,7 @@ def test_compile_matches_eager(tiny_data, tmp_path):
     want = eager.state_dict()
     for k, v in compiled.state_dict().items():
         assert torch.allclose(v, want[k], atol=1e-5, rtol=0), (k, (v - want[k]).abs().max())
-    saved = torch.load(str(tmp_path / "compiled" / "ckpt.pt"), weights_only=False)["model"]
+    saved = torch.load(str(tmp_path / "compiled" / "ckpt.pt"), weights_only=True)["model"]
     assert set(saved) == set(want)  # no torch.compile "_orig_mod." prefixes
 
 

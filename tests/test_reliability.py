@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import detour
-from conftest import ROOT, TINY_RUN
+from conftest import ROOT, TINY_DECAY, TINY_INIT, TINY_RUN
 
 
 def log(out_dir):
@@ -52,7 +52,7 @@ def test_interrupted_run_resumes_bitwise(tiny_data, tmp_path, sig):
         assert p.returncode == 0 and "stopped by signal" in text, text
     else:
         assert p.returncode == -signal.SIGKILL
-    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
+    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"]
     assert 0 < step < 20
     resumed = detour.main(["--init_from", "resume", "--out_dir", out, "--phase", "clm"])
     assert same_weights(resumed, full)
@@ -64,10 +64,10 @@ def test_decay_resume_is_exact(tiny_data, tmp_path):
     p1 = str(tmp_path / "clm")
     detour.main(["--data_dir", tiny_data, "--phase", "clm", "--max_tokens", "8192", "--out_dir", p1, *TINY_RUN])
     full = detour.main(["--phase", "decay", "--init_from", p1, "--decay_tokens", "4096",
-                        "--out_dir", str(tmp_path / "full")])
+                        "--out_dir", str(tmp_path / "full"), *TINY_DECAY])
     out = str(tmp_path / "cut")
     p = start([sys.executable, "detour.py", "--phase", "decay", "--init_from", p1, "--decay_tokens", "4096",
-               "--out_dir", out])
+               "--out_dir", out, *TINY_DECAY])
     wait_for_step(p, out, 2)
     p.send_signal(signal.SIGTERM)
     assert "stopped by signal" in p.communicate(timeout=60)[0]
@@ -90,7 +90,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tiny_data, tmp_path, 
     with pytest.raises(KeyboardInterrupt):
         detour.main(["--init_from", "resume", "--out_dir", out, "--max_tokens", "4096", "--phase", "clm"])
     assert open(path, "rb").read() == before
-    assert torch.load(path, weights_only=False)["step"] == 4
+    assert torch.load(path, weights_only=True)["step"] == 4
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path):
@@ -98,7 +98,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_data, tmp_path):
     with pytest.raises(SystemExit, match=r"loss is (nan|inf) at step \d+.*lower --learning_rate"):
         detour.main(["--data_dir", tiny_data, "--out_dir", out, "--max_tokens", "65536", *TINY_RUN,
                      "--learning_rate", "1e30", "--warmup_tokens", "1", "--grad_clip", "0", "--ckpt_interval", "1"])
-    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
 
 
@@ -167,7 +167,7 @@ def test_meta_vocab_larger_than_model(tiny_data, tmp_path):
                       sep_token_id=3, mask_token_id=4)
     detour.save_hf(detour.ModernBERT(c), str(tmp_path / "m"))
     with pytest.raises(SystemExit, match=r"data vocab \(256\) is larger than the model's \(128\)"):
-        detour.main(["--data_dir", tiny_data, "--init_from", str(tmp_path / "m"), "--out_dir", str(tmp_path / "o"), *TINY_RUN])
+        detour.main(["--data_dir", tiny_data, "--init_from", str(tmp_path / "m"), "--out_dir", str(tmp_path / "o"), *TINY_INIT])
 
 
 def test_corrupt_or_truncated_safetensors_and_foreign_config(tmp_path):
@@ -200,4 +200,4 @@ def test_out_dir_of_another_phase_is_refused_unless_overwrite(tiny_data, tmp_pat
     assert open(os.path.join(out, "ckpt.pt"), "rb").read() == before
     detour.main(["--data_dir", tiny_data, "--out_dir", out, "--phase", "mlm", "--max_tokens", "1024",
                  "--overwrite", "true", *TINY_RUN])
-    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["phase"] == "mlm"
+    assert torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["phase"] == "mlm"

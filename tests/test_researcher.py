@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import detour
-from conftest import ROOT, TINY_RUN
+from conftest import ROOT, TINY_DECAY, TINY_RUN, without
 from test_reliability import log, start, wait_for_step
 
 ARGS = ["--phase", "clm", "--max_tokens", "10240", "--ckpt_interval", "3", *TINY_RUN]  # 20 steps
@@ -47,7 +47,7 @@ def test_autoresume_continues_starts_finishes_and_refuses(tiny_data, tmp_path, c
     wait_for_step(p, out, 7)
     p.send_signal(signal.SIGINT)
     assert p.wait(timeout=60) == 0
-    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
+    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"]
     assert 7 <= step < 20
     steps = [r["step"] for r in log(out) if "loss" in r]
     assert steps == list(range(1, len(steps) + 1))  # the dead attempt's steps 1, 2 are gone, none twice
@@ -77,13 +77,13 @@ def test_autoresume_continues_a_decay_run(tiny_data, tmp_path):
     """decay derives its configuration and budget from its Phase 1: the comparison and the finished check use both."""
     p1 = str(tmp_path / "clm")
     detour.main(["--data_dir", tiny_data, *ARGS, "--max_tokens", "8192", "--out_dir", p1])
-    decay = ["--phase", "decay", "--init_from", p1, "--decay_tokens", "10240", "--ckpt_interval", "3"]
+    decay = ["--phase", "decay", "--init_from", p1, "--decay_tokens", "10240", *TINY_DECAY, "--ckpt_interval", "3"]
     full = detour.main(decay + ["--out_dir", str(tmp_path / "full")])
     out = str(tmp_path / "auto")
     p = start([sys.executable, "detour.py", *decay, "--out_dir", out, "--autoresume", "true"])
     wait_for_step(p, out, 7)
     p.send_signal(signal.SIGINT)
-    assert p.wait(timeout=60) == 0 and torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"] < 20
+    assert p.wait(timeout=60) == 0 and torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"] < 20
     resumed = detour.main(decay + ["--out_dir", out, "--autoresume", "true"])
     assert all(torch.equal(v, full.state_dict()[k]) for k, v in resumed.state_dict().items())
     assert detour.main(decay + ["--out_dir", out, "--autoresume", "true"]) is None  # finished
@@ -147,7 +147,7 @@ def test_pretrain_sbatch_sigterm_requeue_then_rerun_reaches_the_same_loss(tiny_d
     assert "SIGTERM to the training processes, then requeue 4242" in text and "stopped by signal 15" in text, text
     assert "Continue with the same command" in text, text  # --autoresume: the requeued job's rerun, no flag to add
     assert open(tmp_path / "slurm.log").read().splitlines()[-1] == "scontrol requeue 4242"
-    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
+    step = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"]
     assert 7 <= step < 20
     p = sbatch(tmp_path, tiny_data, out)  # the requeued job: the same script from the top
     text = p.communicate(timeout=240)[0]
@@ -201,7 +201,7 @@ def test_hf_export_has_the_released_fields_and_keeps_a_sources(tiny_data, tmp_pa
     src.mkdir()
     (src / "model.safetensors").write_bytes((hf / "model.safetensors").read_bytes())
     (src / "config.json").write_text(json.dumps({**exported, "classifier_pooling": "cls", "id2label": {"0": "x"}}))
-    detour.main(tiny + ["--init_from", str(src), "--out_dir", str(tmp_path / "b")])
+    detour.main(without(tiny, "--preset") + ["--init_from", str(src), "--out_dir", str(tmp_path / "b")])
     detour.main(["--phase", "decay", "--init_from", str(tmp_path / "b"), "--decay_tokens", "512"])
     for out in ("b", "b-decay"):
         back = json.loads((tmp_path / out / "hf" / "config.json").read_text())
@@ -274,18 +274,18 @@ def test_wandb_run_survives_a_requeue_and_the_decay_starts_its_own(tiny_data, tm
                                      "true", "--autoresume", "true"]
     detour.main(cmd)
     wandb.finish()
-    stopped = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    stopped = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     first = stopped["config"]["wandb_run_id"]
     assert inits[0]["id"] == first and first and stopped["step"] < 20  # the id is chosen when the run is resolved
     monkeypatch.setattr(detour.StopRequest, "requested", real_stop)
     detour.main(cmd)  # the requeued job's same command
     wandb.finish()
-    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["step"] == 20 and inits[1]["id"] == first and ckpt["config"]["wandb_run_id"] == first
     detour.main(["--phase", "decay", "--init_from", out, "--wandb_log", "true"])
     wandb.finish()
     assert inits[2]["id"] not in (None, first) and inits[2]["name"] == out + "-decay"
-    decay = torch.load(os.path.join(out + "-decay", "ckpt.pt"), weights_only=False)["config"]["wandb_run_id"]
+    decay = torch.load(os.path.join(out + "-decay", "ckpt.pt"), weights_only=True)["config"]["wandb_run_id"]
     assert decay and decay != first
     runs = sorted(d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run-"))
     assert len(runs) == 2 and all(r.split("-")[3] == first for r in runs), runs  # two attempts, one W&B run id

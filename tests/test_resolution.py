@@ -42,10 +42,9 @@ def test_the_saved_copy_runs_alone(tmp_path):
     alone.mkdir()
     shutil.copy(os.path.join(first, "detour.py"), alone / "detour.py")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    common = ["--data_dir", data, *TINY_RUN, "--max_tokens", "2048"]
-    for argv in (["--phase", "clm", "--out_dir", "clm"],
-                 ["--phase", "decay", "--init_from", "clm", "--decay_tokens", "512"]):
-        r = subprocess.run([sys.executable, "-I", "detour.py", *common, *argv], cwd=alone, env=env,
+    for argv in (["--data_dir", data, *TINY_RUN, "--max_tokens", "2048", "--phase", "clm", "--out_dir", "clm"],
+                 ["--phase", "decay", "--init_from", "clm", "--decay_tokens", "512", "--progress", "false"]):
+        r = subprocess.run([sys.executable, "-I", "detour.py", *argv], cwd=alone, env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
     for out in ("clm", "clm-decay"):
@@ -53,7 +52,7 @@ def test_the_saved_copy_runs_alone(tmp_path):
         assert exported == ["config.json", "model.safetensors", "special_tokens_map.json", "tokenizer.json",
                             "tokenizer_config.json"], exported
     model = detour.load_hf(str(alone / "clm-decay" / "hf"))
-    saved = torch.load(alone / "clm-decay" / "ckpt.pt", weights_only=False)["model"]
+    saved = torch.load(alone / "clm-decay" / "ckpt.pt", weights_only=True)["model"]
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
@@ -83,7 +82,7 @@ def test_the_optimizer_runs_with_the_configuration_it_records(tiny_data, tmp_pat
     cfg, optimizer = seen[-1]
     assert (cfg.beta2, cfg.eps, cfg.weight_decay) == (0.9, 1e-8, 2e-5)
     groups_match(optimizer, cfg)
-    record = torch.load(os.path.join(p1 + "-decay", "ckpt.pt"), weights_only=False)
+    record = torch.load(os.path.join(p1 + "-decay", "ckpt.pt"), weights_only=True)
     assert (record["config"]["beta2"], record["config"]["eps"]) == (0.9, 1e-8)
     assert record["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.9)
     # a resume of a stopped run with another eps: its groups say the new one
@@ -109,7 +108,7 @@ def test_a_decay_from_an_unfinished_phase_1_is_refused_unless_meant(tiny_data, t
     assert f"{p1} stopped at step 3 of the 8 its Phase 1 planned" in line and "--early_decay true" in line
     assert not os.path.exists(p1 + "-decay")
     detour.main(["--phase", "decay", "--init_from", p1, "--decay_tokens", "512", "--early_decay", "true"])
-    assert torch.load(os.path.join(p1 + "-decay", "ckpt.pt"), weights_only=False)["step"] == 1
+    assert torch.load(os.path.join(p1 + "-decay", "ckpt.pt"), weights_only=True)["step"] == 1
 
 
 def test_every_phase_budget_below_one_step_is_refused(tiny_data, tmp_path):

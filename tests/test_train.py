@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import detour
-from conftest import ROOT, TINY_RUN
+from conftest import ROOT, TINY_DECAY, TINY_INIT, TINY_RUN
 
 
 def run(argv):
@@ -146,7 +146,7 @@ def test_clm_then_decay_end_to_end(tiny_data, tmp_path):
     assert rows[-1]["step"] == 16 and rows[-1]["tokens"] == 8192
     losses = [r["loss"] for r in rows if "loss" in r]
     assert losses[-1] < losses[0] - 0.5                      # it learns
-    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    ck = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ck["phase"] == "clm" and ck["tokens"] == 8192
     assert os.path.exists(os.path.join(out, "hf", "model.safetensors"))
     # decay: 10% of Phase-1 tokens, inherits the shape/lr, keeps Adam moments
@@ -157,7 +157,7 @@ def test_clm_then_decay_end_to_end(tiny_data, tmp_path):
     # 1-sqrt from the 3e-3 peak towards 10% of it over int(0.1 x 8192) = 819 tokens, read at each
     # step's start: step 1 at the peak, step 2 after 512 tokens
     assert rows[0]["lr"] == 3e-3 and abs(rows[-1]["lr"] - 3e-3 * (0.1 + 0.9 * (1 - math.sqrt(512 / 819)))) < 1e-12
-    dck = torch.load(os.path.join(dec, "ckpt.pt"), weights_only=False)
+    dck = torch.load(os.path.join(dec, "ckpt.pt"), weights_only=True)
     assert dck["phase"] == "decay" and dck["phase1_tokens"] == 8192
     assert dck["optimizer"]["state"][0]["step"].item() == ck["optimizer"]["state"][0]["step"].item() + 2
     back = detour.load_hf(os.path.join(dec, "hf"))
@@ -167,9 +167,9 @@ def test_clm_then_decay_end_to_end(tiny_data, tmp_path):
 
 def test_decay_needs_a_phase1_checkpoint(tiny_data, tmp_path):
     with pytest.raises(SystemExit, match="no checkpoint"):
-        run(["--data_dir", tiny_data, "--phase", "decay", "--init_from", str(tmp_path / "nothing"), *TINY_RUN])
+        run(["--data_dir", tiny_data, "--phase", "decay", "--init_from", str(tmp_path / "nothing"), *TINY_DECAY])
     with pytest.raises(SystemExit, match="starts from a Phase-1 checkpoint"):
-        run(["--data_dir", tiny_data, "--phase", "decay", "--out_dir", str(tmp_path / "x"), *TINY_RUN])
+        run(["--data_dir", tiny_data, "--phase", "decay", "--out_dir", str(tmp_path / "x"), *TINY_DECAY])
 
 
 def test_freeze_layers_keeps_them_fixed(tiny_data, tmp_path):
@@ -177,7 +177,7 @@ def test_freeze_layers_keeps_them_fixed(tiny_data, tmp_path):
     init = detour.ModernBERT(detour.Config(**{**detour.asdict(CFG), **detour.PRESETS["tiny"], "layer_types": None}))
     detour.save_hf(init, str(tmp_path / "init"))
     m = run(["--data_dir", tiny_data, "--out_dir", out, "--init_from", str(tmp_path / "init"),
-             "--max_tokens", "2048", "--freeze_layers", "0-1", *TINY_RUN])
+             "--max_tokens", "2048", "--freeze_layers", "0-1", *TINY_INIT])
     before, after = init.state_dict(), m.state_dict()
     for k in before:
         same = torch.equal(before[k], after[k])
@@ -200,7 +200,7 @@ def test_resume_after_sigterm_is_exact(tiny_data, tmp_path):
     text = p.communicate(timeout=60)[0]
     assert p.returncode == 0 and "stopped by signal" in text, text
     assert f"Continue with --init_from resume --out_dir {out}" in text, text  # without --autoresume: the way back
-    stopped_at = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)["step"]
+    stopped_at = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)["step"]
     assert 0 < stopped_at < 24
     resumed = run(["--init_from", "resume", "--out_dir", out, "--phase", "mlm"])
     for k, v in full.state_dict().items():
@@ -243,14 +243,14 @@ def test_seq_len_above_max_positions_is_refused(tiny_data, tmp_path):
     short = detour.ModernBERT(detour.Config(**{**detour.asdict(CFG), "max_position_embeddings": 32}))
     detour.save_hf(short, str(tmp_path / "short"))
     with pytest.raises(SystemExit, match="exceeds max_position_embeddings 32"):
-        run(["--data_dir", tiny_data, "--init_from", str(tmp_path / "short"), "--out_dir", str(tmp_path / "o"), *TINY_RUN])
+        run(["--data_dir", tiny_data, "--init_from", str(tmp_path / "short"), "--out_dir", str(tmp_path / "o"), *TINY_INIT])
 
 
 def test_vocab_mismatch_is_refused(tiny_data, tmp_path):
     small = detour.ModernBERT(detour.Config(**{**detour.asdict(CFG), "vocab_size": 128}))
     detour.save_hf(small, str(tmp_path / "small"))
     with pytest.raises(SystemExit, match="larger than the model"):
-        run(["--data_dir", tiny_data, "--init_from", str(tmp_path / "small"), "--out_dir", str(tmp_path / "o"), *TINY_RUN])
+        run(["--data_dir", tiny_data, "--init_from", str(tmp_path / "small"), "--out_dir", str(tmp_path / "o"), *TINY_INIT])
 
 
 def test_freeze_in_phase1_then_decay_and_freeze_in_decay(tiny_data, tmp_path):
