@@ -712,3 +712,113 @@ def test_help_names_every_default():
         assert "(default: " in action.help, action.dest
         if action.default is not None:
             assert f"(default: {action.default})" in text, action.dest
+
+
+# --- every option acts where it is given; no input is read twice ------------
+
+def test_every_option_says_when_it_acts():
+    """ACTS is the one place that says when each option acts: a new option without an entry fails here."""
+    options = {action.dest for action in prepare.arguments()._actions} - {"help"}
+    assert set(prepare.ACTS) == options
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--input", "{d}/docs.jsonl", "--group_tokens", "20"], "--group_tokens does not act with .jsonl input (it joins "
+     "the lines of .txt files into documents); drop --group_tokens, or give .txt input"),
+    (["--input", "{d}/pubmed.xml", "--group_tokens", "20"], "--group_tokens does not act with .xml input"),
+    (["--input", "{d}/docs.jsonl", "{d}/pubmed.xml", "--group_tokens", "20"],
+     "--group_tokens does not act with .jsonl and .xml input"),
+    (["--group_tokens", "20"], "--group_tokens does not act with the generated corpus (it joins"),
+    (["--input", "{d}/docs.jsonl", "--n_docs", "50"], "--n_docs does not act with --input (it sizes the generated "
+     "corpus); drop --n_docs, or drop --input"),
+    (["--input", "{d}/docs.jsonl", "--world_seed", "3"], "--world_seed does not act with --input"),
+    # at its default value, in the --key=value form: given is given
+    (["--tokenizer", "{d}/tok.json", f"--vocab_size={8192}"], "--vocab_size does not act with --tokenizer (it sizes a "
+     "tokenizer trained here); drop --vocab_size, or drop --tokenizer to train one"),
+    (["--input", "{d}/docs.jsonl", "--tokenizer", "{d}/tok.json", "--tokenizer_sample", "1"],  # argparse's prefix
+     "--tokenizer_sample_mb does not act with --tokenizer"),
+    (["--name", "pubmed"], "--name does not act with --out_dir (it names data/NAME/, the output directory without "
+     "--out_dir); drop one of them"),
+])
+def test_an_option_given_that_does_not_act_is_refused(tmp_path, argv, message):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(20, seed=2)))
+    (tmp_path / "pubmed.xml").write_text(PUBMED)
+    out = tmp_path / "out"
+    one_line_error([a.format(d=tmp_path) for a in argv] + ["--out_dir", str(out)], re.escape(message))
+    assert not out.exists()  # refused before anything is read or written
+
+
+def test_options_that_act_are_taken_and_the_refusal_is_one_line_on_the_command_line(tmp_path):
+    docs = world.corpus(40, seed=4)
+    (tmp_path / "a.txt").write_text("\n".join(docs[:20]) + "\n")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[20:]))
+    # --group_tokens acts on the .txt among the inputs; --vocab_size and --tokenizer_sample_mb on a trained tokenizer.
+    prepare.main(["--input", str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"), "--group_tokens", "100000",
+                  "--vocab_size", "300", "--tokenizer_sample_mb", "1", "--out_dir", str(tmp_path / "out")])
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["n_train_docs"] + meta["n_val_docs"] == 1 + 20 and meta["vocab_size"] <= 300
+    run = subprocess.run([sys.executable, os.path.join(DATA, "prepare.py"), "--input", str(tmp_path / "b.jsonl"),
+                          "--n_docs", "50", "--out_dir", str(tmp_path / "cli")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and run.stdout == "" and not (tmp_path / "cli").exists()
+    assert run.stderr.splitlines() == ["error: --n_docs does not act with --input (it sizes the generated corpus); "
+                                       "drop --n_docs, or drop --input"]
+
+
+def outputs(out):
+    return {f: (out / f).read_bytes() for f in sorted(os.listdir(out)) if (out / f).is_file()}
+
+
+def test_a_run_never_reads_its_own_output(tmp_path):
+    """With --out_dir in (or equal to) the --input directory, a run's val.txt is not input to the next: both runs read
+    the same documents and write the same bytes. Named as --input, it is refused; a pattern skips it."""
+    argv = ["--vocab_size", "300", "--val_fraction", "0.1"]
+    for layout in ("inside", "same"):
+        corpus = tmp_path / layout
+        corpus.mkdir()
+        (corpus / "a.txt").write_text("\n".join(world.corpus(60, seed=6)) + "\n")
+        out = corpus / "prepared" if layout == "inside" else corpus
+        runs = []
+        for _ in range(2):
+            prepare.main(["--input", str(corpus), "--out_dir", str(out), *argv])
+            runs.append(outputs(out))
+        assert runs[0] == runs[1]
+        assert json.loads(runs[1]["meta.json"])["n_train_docs"] == 54  # the 60 documents of a.txt, no more
+    prepare.main(["--input", str(corpus / "*.txt"), "--out_dir", str(corpus), *argv])  # matches a.txt and val.txt
+    before = outputs(corpus)
+    assert json.loads(before.pop("meta.json"))["n_train_docs"] == 54  # its source names the pattern
+    assert before == {f: b for f, b in runs[1].items() if f != "meta.json"}
+    one_line_error(["--input", str(corpus / "val.txt"), "--out_dir", str(corpus), *argv],
+                   re.escape(f"--input {corpus / 'val.txt'} is a file this run writes (--out_dir's val.txt); give "
+                             "another --out_dir, or move the file out of it"))
+    assert {f: b for f, b in outputs(corpus).items() if f != "meta.json"} == before
+    # Another --out_dir: that val.txt is a file like any other.
+    prepare.main(["--input", str(corpus / "val.txt"), "--out_dir", str(tmp_path / "again"), *argv])
+
+
+def test_a_file_named_twice_is_refused(tmp_path, monkeypatch):
+    """However a file is named twice (the same path, two spellings, a symlink, a directory and a file in it, two
+    patterns), one line names it: read twice, its documents would be in train and in val."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(20, seed=i)))
+    os.symlink(shards / "0.jsonl", tmp_path / "link.jsonl")
+    monkeypatch.chdir(tmp_path)
+    real = str(shards / "0.jsonl")
+    cases = [
+        ([real, real], f"({real}, and {real})"),
+        ([real, "shards/../shards/0.jsonl"], f"({real}, and shards/../shards/0.jsonl)"),
+        ([real, "link.jsonl"], f"({real}, and link.jsonl)"),
+        (["shards", "shards/0.jsonl"], "(shards/0.jsonl in shards, and shards/0.jsonl)"),
+        (["shards/*.jsonl", "shards/0*"], "(shards/0.jsonl in shards/*.jsonl, and shards/0.jsonl in shards/0*)"),
+    ]
+    out = tmp_path / "out"
+    for paths, spelled in cases:
+        one_line_error(["--input", *paths, "--out_dir", str(out)],
+                       re.escape(f"--input names the file {real} twice {spelled}; give each file once (a directory "
+                                 "includes the files under it)"))
+    os.symlink(shards / "1.jsonl", shards / "2.jsonl")  # a directory holding a link to one of its files
+    one_line_error(["--input", "shards", "--out_dir", str(out)],
+                   re.escape("twice (shards/1.jsonl in shards, and shards/2.jsonl in shards)"))
+    assert not out.exists()
