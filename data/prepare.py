@@ -1,6 +1,7 @@
 """Turn documents into a tokenizer and a packed token stream for training.
 
     python data/prepare.py                          # generated corpus -> data/default/
+    python data/prepare.py --register general --name general_world  # generated everyday English
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
     python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json  # shards
@@ -57,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from data import world  # noqa: E402
 from detour import atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
-from detour import NON_NEGATIVE, POSITIVE, RATE  # noqa: E402
+from detour import NON_NEGATIVE, POSITIVE, RATE, one_of  # noqa: E402
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -90,6 +91,7 @@ RULES = dict(  # checked by main
     world_seed=NON_NEGATIVE,
     group_tokens=(lambda v: v is None or v > 0, "> 0"),
     tokenizer_sample_mb=POSITIVE,
+    register=one_of(*world.REGISTERS),
 )
 # When each option acts, in one place: an option given on the command line that does not act in
 # this run is refused in one line (check_acting), even at its default value, for the record is
@@ -114,6 +116,8 @@ ACTS = dict(
     n_docs=(*WITHOUT_INPUT, "it sizes the generated corpus", "drop --n_docs, or drop --input"),
     world_seed=(*WITHOUT_INPUT, "it seeds the generated corpus",
                 "drop --world_seed, or drop --input"),
+    register=(*WITHOUT_INPUT, "it picks the generated corpus's register",
+              "drop --register, or drop --input"),
 )
 
 
@@ -764,6 +768,10 @@ def arguments():
                    help="generated documents, without --input (default: %(default)s)")
     p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED,
                    help="seed of the generated corpus, without --input (default: %(default)s)")
+    p.add_argument("--register", default="bio",
+                   help="register of the generated corpus, without --input: bio (clinical notes "
+                        "and PubMed-style abstracts) or general (everyday English: stories, local "
+                        "news, letters) (default: %(default)s)")
     p.error = usage_error
     return p
 
@@ -805,8 +813,10 @@ def main(argv=None):
     if docs:
         source = " ".join(args.input)
     else:
-        docs = world.corpus(args.n_docs, args.world_seed)
-        source = f"generated:world.corpus({args.n_docs}, {args.world_seed})"
+        docs = world.corpus(args.n_docs, args.world_seed, args.register)
+        # The call that made them; the default register, bio, as world.corpus's default.
+        register = "" if args.register == "bio" else f", register={args.register!r}"
+        source = f"generated:world.corpus({args.n_docs}, {args.world_seed}{register})"
     meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed,
                    source, args.tokenizer_sample_mb)
     print(summary(meta, out_dir, time.time() - t0))

@@ -94,6 +94,55 @@ def test_note_type_is_never_written():
     assert got in world.NOTE_TYPES
 
 
+# The general register (world.corpus(..., register="general")): everyday English, made as the bio text is. The
+# digests pin the bytes: the bio corpus's as they were before the general register existed, the general one's as
+# first written, so that either changing shows here.
+BIO_DIGEST = "e5faff3e00059c020fd314aee5594ab6386eba49cd6c9c65901c4b07d6a494c1"  # corpus(500, 1234)
+GENERAL_DIGEST = "ad62c9f0f0320532749985985839aefadef6836b097c91c2babfb8a53f1615c1"  # corpus(200, 7, "general")
+
+
+def corpus_digest(*args):
+    return hashlib.sha256("\n".join(world.corpus(*args)).encode()).hexdigest()
+
+
+def test_general_register_is_a_pure_function_of_its_seed():
+    code = ("import hashlib, sys; sys.path.insert(0, sys.argv[1]); from data import world; "
+            "print(hashlib.sha256('\\n'.join(world.corpus(200, 7, 'general')).encode()).hexdigest())")
+    # Two processes with different string hashing: no set or dict order leaks into the text.
+    runs = [subprocess.run([sys.executable, "-c", code, os.path.dirname(DATA)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, timeout=60) for seed in ("1", "2")]
+    assert [r.stdout for r in runs] == [GENERAL_DIGEST + "\n"] * 2, [r.stderr for r in runs]
+    assert corpus_digest(200, 7, "general") == GENERAL_DIGEST != corpus_digest(200, 8, "general")
+    # The bio corpus, world.corpus's default register, is byte for byte what it was.
+    assert corpus_digest(500, 1234) == corpus_digest(500, 1234, "bio") == BIO_DIGEST
+    with pytest.raises(ValueError, match="unknown register 'news'"):
+        world.corpus(2, 1, "news")
+
+
+def test_general_register_is_everyday_english_not_biomedical():
+    general = world.corpus(2000, 3, "general")
+    bio = world.corpus(2000, 3)
+    words = [{w.lower() for d in docs for w in d.split() if w.isalpha()} for docs in (general, bio)]
+    shared = words[0] & words[1]
+    # A different register: English's function words are shared, little else (13% of the general words here).
+    assert {"the", "and", "of", "in", "to", "was", "we", "with"} <= shared
+    assert 0.02 < len(shared) / len(words[0]) < 0.3
+    assert not words[0] & {term.lower() for term in world.DRUGS + world.GENES if term.isalpha()}
+    assert not words[0] & {"patients", "mg", "disease", "treatment", "clinical", "study"}
+    assert len(general) == 2000 and all(isinstance(d, str) and d for d in general)
+    rng = random.Random(5)
+    for genre in world.GENERAL_GENRES:
+        for _ in range(100):
+            tokens = world.general_document(rng, genre).split()
+            ends = sum(tokens.count(p) for p in (".", "!", "?"))  # every template ends with one, alone
+            assert 4 <= ends <= 14 and tokens[-1] in (".", "!", "?")
+    with pytest.raises(ValueError):
+        world.general_document(rng, "tweet")
+    for template in [t for pool in world.GENERAL_TEMPLATES.values() for t in pool]:  # every slot has a value
+        tokens, tags = world.render(template, rng, world._general_case(rng))
+        assert tokens and set(tags) == {"O"} and all(w and " " not in w and "{" not in w for w in tokens), template
+
+
 # --- prepare.py -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -739,6 +788,8 @@ def test_every_option_says_when_it_acts():
      "--tokenizer_sample_mb does not act with --tokenizer"),
     (["--name", "pubmed"], "--name does not act with --out_dir (it names data/NAME/, the output directory without "
      "--out_dir); drop one of them"),
+    (["--input", "{d}/docs.jsonl", "--register", "general"], "--register does not act with --input (it picks the "
+     "generated corpus's register); drop --register, or drop --input"),
 ])
 def test_an_option_given_that_does_not_act_is_refused(tmp_path, argv, message):
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(20, seed=2)))
@@ -822,3 +873,17 @@ def test_a_file_named_twice_is_refused(tmp_path, monkeypatch):
     one_line_error(["--input", "shards", "--out_dir", str(out)],
                    re.escape("twice (shards/1.jsonl in shards, and shards/2.jsonl in shards)"))
     assert not out.exists()
+
+
+def test_prepare_writes_the_general_register_on_request(tmp_path):
+    """--register general: the generated corpus in everyday English, recorded in meta.json's source as the call that
+    made it; the default (bio) run's source stays as it was."""
+    prepare.main(["--register", "general", "--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "g")])
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    assert meta["source"] == "generated:world.corpus(300, 1234, register='general')"
+    docs = [prepare.clean(d) for d in world.corpus(300, 1234, "general")]
+    assert set((tmp_path / "g" / "val.txt").read_text().splitlines()) <= set(docs)
+    prepare.main(["--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "b")])
+    assert json.loads((tmp_path / "b" / "meta.json").read_text())["source"] == "generated:world.corpus(300, 1234)"
+    one_line_error(["--register", "news", "--out_dir", str(tmp_path / "n")],
+                   re.escape("--register 'news' must be one of bio | general"))
