@@ -159,8 +159,11 @@ def files_behind(path, own):
         if not found:
             fail(f"--input pattern {path} matches no file; check the directory and the pattern")
         # A pattern lists files as a directory does: this run's own outputs are not among them.
-        return [f for match in found if os.path.realpath(match) not in own
-                for f in files_behind(match, own)]
+        kept = [match for match in found if os.path.realpath(match) not in own]
+        if not kept:
+            fail(f"--input pattern {path} matches only files this run writes ({', '.join(found)}); "
+                 "give another pattern or another --out_dir")
+        return [f for match in kept for f in files_behind(match, own)]
     if os.path.isdir(path):
         return directory_files(path, own)
     if not os.path.isfile(path):

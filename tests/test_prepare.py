@@ -842,6 +842,8 @@ def test_a_run_never_reads_its_own_output(tmp_path):
     one_line_error(["--input", str(corpus / "val.txt"), "--out_dir", str(corpus), *argv],
                    re.escape(f"--input {corpus / 'val.txt'} is a file this run writes (--out_dir's val.txt); give "
                              "another --out_dir, or move the file out of it"))
+    one_line_error(["--input", str(corpus / "v*.txt"), "--out_dir", str(corpus), *argv],
+                   re.escape(f"--input pattern {corpus / 'v*.txt'} matches only files this run writes"))
     assert {f: b for f, b in outputs(corpus).items() if f != "meta.json"} == before
     # Another --out_dir: that val.txt is a file like any other.
     prepare.main(["--input", str(corpus / "val.txt"), "--out_dir", str(tmp_path / "again"), *argv])
