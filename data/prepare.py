@@ -1,6 +1,7 @@
 """Turn documents into a tokenizer and a packed token stream for training.
 
     python data/prepare.py                          # generated corpus -> data/default/
+    python data/prepare.py --register general --name general_world  # generated everyday English
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
     python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json  # shards
@@ -57,7 +58,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from data import world  # noqa: E402
 from detour import atomic_write, check, fail, load_tokenizer  # noqa: E402  (one error style)
-from detour import NON_NEGATIVE, POSITIVE, RATE  # noqa: E402
+from detour import NON_NEGATIVE, POSITIVE, RATE, one_of  # noqa: E402
 
 # Registered in this order when we train, so the ids are always 0..4.
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -90,6 +91,33 @@ RULES = dict(  # checked by main
     world_seed=NON_NEGATIVE,
     group_tokens=(lambda v: v is None or v > 0, "> 0"),
     tokenizer_sample_mb=POSITIVE,
+    register=one_of(*world.REGISTERS),
+)
+# When each option acts, in one place: an option given on the command line that does not act in
+# this run is refused in one line (check_acting), even at its default value, for the record is
+# the truth: a --vocab_size beside --tokenizer would otherwise be dropped in silence while the
+# command says it was used. None: it acts in every run. Else (acts(args, kinds), what stops it,
+# what it does, the fix); kinds: the FORMATS keys of the input files, or {GENERATED} without
+# --input. An option left out of the command is never refused. Every option has an entry (tested).
+GENERATED = "the generated corpus"
+WITHOUT_INPUT = (lambda args, kinds: not args.input, "--input")
+WITHOUT_TOKENIZER = (lambda args, kinds: args.tokenizer is None, "--tokenizer")
+ACTS = dict(
+    input=None, out_dir=None, tokenizer=None, val_fraction=None, seed=None,
+    group_tokens=(lambda args, kinds: ".txt" in kinds, "{input}",
+                  "it joins the lines of .txt files into documents",
+                  "drop --group_tokens, or give .txt input"),
+    name=(lambda args, kinds: args.out_dir is None, "--out_dir",
+          "it names data/NAME/, the output directory without --out_dir", "drop one of them"),
+    vocab_size=(*WITHOUT_TOKENIZER, "it sizes a tokenizer trained here",
+                "drop --vocab_size, or drop --tokenizer to train one"),
+    tokenizer_sample_mb=(*WITHOUT_TOKENIZER, "it caps the text a tokenizer trained here learns "
+                         "from", "drop --tokenizer_sample_mb, or drop --tokenizer to train one"),
+    n_docs=(*WITHOUT_INPUT, "it sizes the generated corpus", "drop --n_docs, or drop --input"),
+    world_seed=(*WITHOUT_INPUT, "it seeds the generated corpus",
+                "drop --world_seed, or drop --input"),
+    register=(*WITHOUT_INPUT, "it picks the generated corpus's register",
+              "drop --register, or drop --input"),
 )
 
 
@@ -104,34 +132,76 @@ def format_of(path):
     return next((s for s in FORMATS if path.endswith((s, s + ".gz"))), None)
 
 
-def input_files(paths):
+def input_files(paths, out_dir=None):
     """The files behind --input, in order: each file as given, a directory's SUFFIXES files sorted
     by path, a glob pattern's matches sorted by path (a quoted 'pubmed/pubmed25n*.xml.gz' works as
-    the shell's expansion would)."""
-    files = []
-    for path in paths:
-        if not os.path.exists(path) and glob.has_magic(path):
-            found = sorted(glob.glob(path))
-            if not found:
-                fail(f"--input pattern {path} matches no file; check the directory and the pattern")
-            files += input_files(found)
-        elif os.path.isdir(path):
-            files += directory_files(path)
-        elif os.path.isfile(path):
-            if not format_of(path):
-                formats = ", ".join(f"{s} {what}" for s, what in FORMATS.items())
-                fail(f"cannot read {path}: prepare reads {formats}, each maybe gzipped (.gz), "
-                     "by the file's ending; convert it to one of them")
-            files.append(path)
-        else:
-            fail(f"input file not found: {path}; check the --input path")
-    return files
+    the shell's expansion would). Never a file this run writes (see own_outputs), and no file
+    twice (see distinct)."""
+    own = own_outputs(out_dir)
+    return distinct([(f, path) for path in paths for f in files_behind(path, own)])
 
 
-def directory_files(path):
-    """A directory's SUFFIXES files, sorted by path, all of one format."""
-    found = sorted(os.path.join(d, n) for d, _, names in os.walk(path)
-                   for n in names if n.endswith(SUFFIXES))
+def own_outputs(out_dir):
+    """The real paths of the files a run into out_dir writes. Of them only val.txt ends like an
+    input, and a directory walk would take a previous run's val.txt for a shard when --out_dir is
+    in (or is) the --input directory: its held-out documents would come back as input, a second
+    run would differ from the first, and val text would leak into train. Walks and patterns skip
+    these files; naming one is refused (files_behind)."""
+    if out_dir is None:
+        return set()
+    return {os.path.realpath(os.path.join(out_dir, name)) for name in OUTPUTS}
+
+
+def files_behind(path, own):
+    """The input files of one --input argument (see input_files); own: own_outputs."""
+    if not os.path.exists(path) and glob.has_magic(path):
+        found = sorted(glob.glob(path))
+        if not found:
+            fail(f"--input pattern {path} matches no file; check the directory and the pattern")
+        # A pattern lists files as a directory does: this run's own outputs are not among them.
+        kept = [match for match in found if os.path.realpath(match) not in own]
+        if not kept:
+            fail(f"--input pattern {path} matches only files this run writes ({', '.join(found)}); "
+                 "give another pattern or another --out_dir")
+        return [f for match in kept for f in files_behind(match, own)]
+    if os.path.isdir(path):
+        return directory_files(path, own)
+    if not os.path.isfile(path):
+        fail(f"input file not found: {path}; check the --input path")
+    if os.path.realpath(path) in own:
+        fail(f"--input {path} is a file this run writes (--out_dir's "
+             f"{os.path.basename(os.path.realpath(path))}); give another --out_dir, "
+             "or move the file out of it")
+    if not format_of(path):
+        formats = ", ".join(f"{s} {what}" for s, what in FORMATS.items())
+        fail(f"cannot read {path}: prepare reads {formats}, each maybe gzipped (.gz), "
+             "by the file's ending; convert it to one of them")
+    return [path]
+
+
+def distinct(named):
+    """The files of [(file, the --input argument it came from)], or the one-line error naming a
+    file that is among them twice, however it was named (two spellings of a path, a symlink, a
+    directory and a file in it, two overlapping patterns). Refused rather than read once: a file
+    named twice is a slip in the command, and reading it twice puts its documents in train and val
+    both; dropping the repeat in silence would leave meta.json's source naming a file twice that
+    the run read once, and would hide the slip (the path meant may be another file)."""
+    first = {}
+    for f, arg in named:
+        real = os.path.realpath(f)
+        how = f if f == arg else f"{f} in {arg}"
+        if real in first:
+            fail(f"--input names the file {real} twice ({first[real]}, and {how}); give each "
+                 "file once (a directory includes the files under it)")
+        first[real] = how
+    return [f for f, _ in named]
+
+
+def directory_files(path, own=frozenset()):
+    """A directory's SUFFIXES files, sorted by path, all of one format; none of `own` (a run's own
+    outputs, see own_outputs)."""
+    found = sorted(f for d, _, names in os.walk(path) for f in (os.path.join(d, n) for n in names)
+                   if f.endswith(SUFFIXES) and os.path.realpath(f) not in own)
     if not found:
         fail(f"no {' / '.join(SUFFIXES)} files in the directory {path}; "
              "give a directory of shards or a file")
@@ -187,12 +257,13 @@ class Corpus:
     any is an error (a PubMed file without a usable article is skipped and counted: an update file
     may hold only deletions). `bar`, when set, advances by the bytes read from disk; `counts` holds,
     in the last read, the PubMed articles and books read, those `skipped` (no abstract), the deleted
-    citations and the XML files without an article."""
+    citations and the XML files without an article. out_dir: the run's, whose outputs are never
+    input (see input_files)."""
 
     COUNTS = ("articles", "books", "skipped", "deleted", "files_without_articles")
 
-    def __init__(self, paths, group_tokens=None):
-        self.files = input_files(paths)
+    def __init__(self, paths, group_tokens=None, out_dir=None):
+        self.files = input_files(paths, out_dir)
         self.group_tokens = group_tokens
         self.bar = None
         self.counts = dict.fromkeys(self.COUNTS, 0)
@@ -667,7 +738,7 @@ def commit(out_dir, written, meta_text):
 
 
 def arguments():
-    """The command line; every option's help names its default."""
+    """The command line; every option's help names its default, and when it acts (ACTS)."""
     p = argparse.ArgumentParser(
         description="Documents -> tokenizer.json, train.bin, val.bin, meta.json")
     p.add_argument("--input", nargs="+", action="extend",
@@ -680,14 +751,15 @@ def arguments():
                    help="for .txt: join consecutive lines into documents of about N words "
                         "(default: none, a line each)")
     p.add_argument("--name", default="default",
-                   help="output goes to data/NAME/ (default: %(default)s)")
+                   help="output goes to data/NAME/, without --out_dir (default: %(default)s)")
     p.add_argument("--out_dir", default=None,
                    help="output directory, instead of data/NAME/ (default: none)")
     p.add_argument("--tokenizer", default=None,
                    help="use this tokenizer.json (default: none, train one of --vocab_size on the "
                         "input)")
     p.add_argument("--vocab_size", type=int, default=8192,
-                   help="size of the trained tokenizer (default: %(default)s)")
+                   help="size of the tokenizer trained here, without --tokenizer "
+                        "(default: %(default)s)")
     p.add_argument("--tokenizer_sample_mb", type=float, default=TOKENIZER_SAMPLE_MB,
                    help="a trained tokenizer learns from the train documents among the input's "
                         "first N MB (default: %(default)s)")
@@ -696,9 +768,13 @@ def arguments():
     p.add_argument("--seed", type=int, default=42,
                    help="shuffle seed for the train/val split (default: %(default)s)")
     p.add_argument("--n_docs", type=int, default=DEFAULT_N_DOCS,
-                   help="generated documents (default: %(default)s)")
+                   help="generated documents, without --input (default: %(default)s)")
     p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED,
-                   help="seed of the generated corpus (default: %(default)s)")
+                   help="seed of the generated corpus, without --input (default: %(default)s)")
+    p.add_argument("--register", default="bio",
+                   help="register of the generated corpus, without --input: bio (clinical notes "
+                        "and PubMed-style abstracts) or general (everyday English: stories, local "
+                        "news, letters) (default: %(default)s)")
     p.error = usage_error
     return p
 
@@ -708,18 +784,42 @@ def usage_error(message):
     fail(f"{message}; see python data/prepare.py --help")
 
 
+def given_options(argv):
+    """The options on the command line (argv, else sys.argv's), whatever their values: the same
+    parser with every default suppressed, so that only what was typed is in its namespace."""
+    parser = arguments()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def check_acting(args, given, kinds):
+    """The one-line error for the first option given that does not act in this run (see ACTS)."""
+    for key in sorted(given):
+        rule = ACTS[key]
+        if rule is not None and not rule[0](args, kinds):
+            _, stop, does, fix = rule
+            input_kind = " and ".join(sorted(kinds)) + " input"
+            input_kind = GENERATED if kinds == {GENERATED} else input_kind
+            fail(f"--{key} does not act with {stop.format(input=input_kind)} ({does}); {fix}")
+
+
 def main(argv=None):
     args = arguments().parse_args(argv)
     check(vars(args), RULES, "data/prepare.py")
-
+    out_dir = args.out_dir or os.path.join(HERE, args.name)
     t0 = time.time()
-    if args.input:
-        docs = Corpus(args.input, args.group_tokens)
+    # The input files are listed (not read) before the check: --group_tokens acts on their kinds.
+    docs = Corpus(args.input, args.group_tokens, out_dir) if args.input else None
+    kinds = {format_of(f) for f in docs.files} if docs else {GENERATED}
+    check_acting(args, given_options(argv), kinds)
+    if docs:
         source = " ".join(args.input)
     else:
-        docs = world.corpus(args.n_docs, args.world_seed)
-        source = f"generated:world.corpus({args.n_docs}, {args.world_seed})"
-    out_dir = args.out_dir or os.path.join(HERE, args.name)
+        docs = world.corpus(args.n_docs, args.world_seed, args.register)
+        # The call that made them; the default register, bio, as world.corpus's default.
+        register = "" if args.register == "bio" else f", register={args.register!r}"
+        source = f"generated:world.corpus({args.n_docs}, {args.world_seed}{register})"
     meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed,
                    source, args.tokenizer_sample_mb)
     print(summary(meta, out_dir, time.time() - t0))

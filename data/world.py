@@ -1,4 +1,4 @@
-"""A small, deterministic "world" of biomedical text.
+"""A small, deterministic "world" of biomedical text (and of everyday English).
 
 The paper continues pretraining an encoder on biomedical text (PubMed
 abstracts and clinical notes). We cannot ship that data, so this module writes
@@ -15,6 +15,10 @@ small model's loss falling after it has learned the sentence shapes:
     age and cohort size repeat across sentences (copying from context pays).
 Numbers, p-values and the random choice of entities keep it from being
 memorized.
+
+A second register, general (corpus(..., register="general")), is everyday English
+made the same way: stories, local news and letters about cooking, gardening, football and
+other topics, for a general corpus that is not biomedical.
 
 Everything is a pure function of a random.Random, so a seed gives the same text
 on every machine and Python 3.8+. Pretraining uses corpus(seed=1234); the
@@ -957,10 +961,254 @@ def document(rng: random.Random, genre: str | None = None) -> str:
     return note(rng)[0] if genre == "note" else _abstract(rng)
 
 
-def corpus(n_docs: int, seed: int = 1234) -> list[str]:
-    """n_docs documents; the same list for the same seed on every machine."""
+# ---------------------------------------------------------------------------
+# The general register: everyday English, for a corpus that is not biomedical (a general
+# pretraining phase before the domain, as the paper's encoder had). Made the way the biomedical
+# text is: lexicons, one case a document, templates composed by _compose. Topics play the part of
+# the therapeutic areas: a document stays inside one, and its people, town, place and things
+# repeat across its sentences. Three genres: a personal story, a local news report, a letter.
+
+_TOPICS = {
+    "cooking": dict(
+        things=["bread", "soup", "apple pie", "pasta", "vegetable curry", "pancakes", "stew",
+                "chocolate cake", "omelette", "lemon tart", "pizza", "rice pudding"],
+        places=["kitchen", "market", "bakery", "corner shop", "cafe"],
+        activities=["baking bread", "making soup", "cooking for friends", "trying new recipes",
+                    "chopping vegetables", "decorating cakes"],
+        roles=["the baker", "the woman at the market stall", "our neighbour", "the chef"],
+        events=["village bake-off", "food festival", "harvest supper", "charity lunch"],
+        adjectives=["warm", "crispy", "sweet", "salty", "homemade", "burnt"]),
+    "gardening": dict(
+        things=["tomato plants", "rose bush", "watering can", "wheelbarrow", "spade",
+                "seed packets", "apple tree", "compost heap", "greenhouse", "lawn mower"],
+        places=["allotment", "garden centre", "back garden", "community garden", "park"],
+        activities=["planting bulbs", "pulling weeds", "mowing the lawn", "pruning the hedge",
+                    "picking beans", "digging a new bed"],
+        roles=["the gardener", "the man at the next plot", "the park keeper", "our neighbour"],
+        events=["flower show", "plant sale", "open gardens weekend", "spring fair"],
+        adjectives=["green", "muddy", "overgrown", "tidy", "blooming", "tall"]),
+    "football": dict(
+        things=["new boots", "match ball", "team shirt", "season ticket", "goal posts",
+                "water bottle", "kit bag", "scarf"],
+        places=["stadium", "training ground", "pitch", "sports hall", "pub"],
+        activities=["playing five-a-side", "training with the team", "watching the match",
+                    "practising penalties", "running laps"],
+        roles=["the coach", "the referee", "the captain", "the groundsman"],
+        events=["cup final", "derby", "summer tournament", "end of season dinner"],
+        adjectives=["muddy", "exciting", "tense", "noisy", "late", "famous"]),
+    "music": dict(
+        things=["guitar", "piano", "violin", "drum kit", "song book", "new album",
+                "concert tickets", "microphone", "record player"],
+        places=["music shop", "church hall", "concert hall", "record shop", "village hall"],
+        activities=["learning the guitar", "singing in the choir", "practising scales",
+                    "writing songs", "playing in a band"],
+        roles=["the music teacher", "the conductor", "the drummer", "the man at the shop"],
+        events=["spring concert", "open mic night", "brass band contest", "carol service"],
+        adjectives=["loud", "quiet", "beautiful", "out of tune", "lively", "old"]),
+    "travel": dict(
+        things=["train tickets", "suitcase", "map", "rucksack", "camera", "guidebook",
+                "umbrella", "sandwiches", "timetable"],
+        places=["station", "harbour", "bus stop", "seaside", "youth hostel", "castle"],
+        activities=["walking along the coast", "catching the early train", "exploring old towns",
+                    "cycling by the river", "visiting museums"],
+        roles=["the guard", "the driver", "the woman at the ticket office", "our guide"],
+        events=["summer holiday", "day trip", "coach tour", "bank holiday weekend"],
+        adjectives=["crowded", "delayed", "peaceful", "windy", "long", "scenic"]),
+    "school": dict(
+        things=["homework", "reading book", "lunch box", "school bag", "pencil case",
+                "science project", "report card", "uniform"],
+        places=["school", "library", "classroom", "playground", "school hall"],
+        activities=["reading stories", "doing homework", "learning to spell",
+                    "painting pictures", "practising times tables"],
+        roles=["the teacher", "the head teacher", "the librarian", "the lollipop lady"],
+        events=["sports day", "school play", "parents evening", "summer fete"],
+        adjectives=["busy", "noisy", "clever", "shy", "cheerful", "new"]),
+    "home": dict(
+        things=["kitchen table", "paint", "bookshelf", "ladder", "toolbox", "curtains",
+                "washing machine", "sofa", "light bulbs"],
+        places=["hardware shop", "attic", "living room", "shed", "furniture shop"],
+        activities=["painting the hall", "fixing the fence", "clearing out the attic",
+                    "putting up shelves", "moving furniture"],
+        roles=["the plumber", "the electrician", "the landlord", "the man next door"],
+        events=["car boot sale", "street party", "jumble sale", "house warming"],
+        adjectives=["old", "broken", "heavy", "bright", "dusty", "second-hand"]),
+    "pets": dict(
+        things=["dog lead", "cat basket", "bag of food", "tennis ball", "bird cage",
+                "fish tank", "new collar", "blanket"],
+        places=["park", "vet", "pet shop", "woods", "beach"],
+        activities=["walking the dog", "brushing the cat", "training the puppy",
+                    "feeding the ducks", "cleaning the hutch"],
+        roles=["the vet", "the dog walker", "the woman at the pet shop", "our neighbour"],
+        events=["dog show", "pet fair", "charity walk", "open day at the shelter"],
+        adjectives=["playful", "sleepy", "fluffy", "hungry", "friendly", "naughty"]),
+}
+_TOPIC_NAMES = list(_TOPICS)
+NAMES = ["Alice", "Ben", "Chloe", "Daniel", "Emma", "Frank", "Grace", "Harry", "Isla", "Jack",
+         "Katie", "Liam", "Megan", "Noah", "Olivia", "Peter", "Rosie", "Sam", "Tom", "Lucy",
+         "Mary", "George", "Ruth", "Oscar", "Hannah", "Joe", "Ellie", "Martin", "Sophie", "Will"]
+SURNAMES = ["Smith", "Jones", "Taylor", "Brown", "Wilson", "Evans", "Walker", "Wright",
+            "Hughes", "Green", "Hall", "Wood", "Clarke", "Turner", "Hill", "Baker"]
+TOWNS = ["Ashford", "Bramley", "Castleton", "Dunmore", "Eastwick", "Fairholme", "Greenhill",
+         "Hartley", "Kingsbridge", "Longford", "Millbrook", "Northam", "Oakridge", "Redcliffe",
+         "Stanton", "Westbury"]
+KIN = ["friend", "cousin", "neighbour", "flatmate", "colleague", "old school friend"]  # any name
+WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+MONTH_NAMES = ["January", "February", "March", "April", "May", "June", "July", "August",
+               "September", "October", "November", "December"]
+WEATHER = ["sunny", "rainy", "cold", "warm", "foggy", "windy", "grey", "frosty", "stormy"]
+_TOPIC_SLOTS = (("THING", "things"), ("PLACE", "places"), ("ACTIVITY", "activities"),
+                ("ROLE", "roles"), ("EVENT", "events"), ("ADJ", "adjectives"))
+
+
+def _topic_pick(key):
+    """A slot's generator: a value of `key` from any topic (what a case leaves open)."""
+    return lambda r: r.choice(_TOPICS[r.choice(_TOPIC_NAMES)][key])
+
+
+# The general slots, beside the biomedical ones (a slot name means one thing in both
+# registers): a case's values win, these fill what a case leaves open.
+_GENERATORS.update({
+    "NAME": lambda r: r.choice(NAMES),
+    "SURNAME": lambda r: r.choice(SURNAMES),
+    "TOWN": lambda r: r.choice(TOWNS),
+    "KIN": lambda r: r.choice(KIN),
+    "WEEKDAY": lambda r: r.choice(WEEKDAYS),
+    "MONTH": lambda r: r.choice(MONTH_NAMES),
+    "WEATHER": lambda r: r.choice(WEATHER),
+    "DAYNUM": lambda r: str(r.randint(1, 28)),
+    "TIME": lambda r: f"{r.randint(1, 12)}.{r.choice(['00', '15', '30', '45'])} "
+                      f"{r.choice(['am', 'pm'])}",
+    "PRICE": lambda r: f"{r.randint(2, 60)} pounds",
+    "DURATION": lambda r: r.choice(["half an hour", "an hour", "an hour and a half", "two hours",
+                                    "three hours"]),
+    **{slot: _topic_pick(key) for slot, key in _TOPIC_SLOTS},
+})
+
+_STORY = [
+    ([""], [
+        "Last {WEEKDAY} I went to the {PLACE} in {TOWN} with my {KIN} {NAME} .",
+        "It was a {WEATHER} {WEEKDAY} in {MONTH} when {NAME} called me about the {EVENT} .",
+        "<On|Most> {WEEKDAY}s , {NAME} and I <spend the afternoon|spend an hour> {ACTIVITY} .",
+        "I have been {ACTIVITY} for {YEARS} now [, and I still enjoy it] .",
+        "The weather in {TOWN} was {WEATHER} , so we <stayed close to home|went out early|"
+            "took the bus> .",
+    ]),
+    ([""], [
+        "We <took|fetched|carried> the {THING} <to|from> the {PLACE} [for {NAME2}] .",
+        "{NAME} showed me what to do with the {THING2} [without making a mess] .",
+        "After lunch we spent {DURATION} {ACTIVITY} [at the {PLACE}] .",
+        "<Halfway through|Later that day|By the afternoon> , the {THING} <went missing|"
+            "was nowhere to be found|turned out to be the wrong one> .",
+        "<Luckily|Fortunately|In the end> , {ROLE} <helped us|lent us another one|"
+            "knew exactly what to do> .",
+        "We talked about the {EVENT} and whether {NAME2} would <come|be ready|join us> .",
+        "The {ADJ} {THING} was <the best part of the day|a real surprise|harder than it looked> .",
+        "I <forgot|lost|left> my {THING3} at the {PLACE} [, again] .",
+    ]),
+    ([""], [
+        "We got home <just before dark|late in the evening|around {TIME}> , <tired but happy|"
+            "cold and hungry|in a good mood> .",
+        "Next {WEEKDAY} we <plan to|want to|might> <go back|try again|do it all again> .",
+        "<All in all|In the end|Looking back> , it was a <lovely|long|memorable> day .",
+        "{NAME} says we should <start earlier|bring the {THING2}|invite {NAME2}> next time .",
+    ]),
+]
+_NEWS = [
+    (["LOCAL NEWS :", "AROUND TOWN :", "COMMUNITY :"], [
+        "{TOWN} will hold its {EVENT} on {WEEKDAY} {DAYNUM} {MONTH} .",
+        "<More than|Nearly|About> {N} people <came to|took part in> the {EVENT} in {TOWN} "
+            "<last weekend|on {WEEKDAY}|this week> .",
+        "The {PLACE} in {TOWN} <has reopened|will close for repairs|is looking for volunteers> "
+            "[after {MONTHS}] .",
+        "People in {TOWN} <are invited to|can sign up for|have asked for more> classes in "
+            "{ACTIVITY} at the {PLACE} .",
+    ]),
+    (["DETAILS :"], [
+        "Tickets cost {PRICE} [and can be bought at the {PLACE}] .",
+        "The {EVENT} starts at {TIME} and <ends|finishes> {DURATION} later .",
+        "Organisers expect {WEATHER} weather [and advise visitors to bring an umbrella] .",
+        "<Last year|In {YEAR}> , the <same|first> {EVENT} raised {N} pounds for the {PLACE} .",
+        "{ROLE} said the {THING} had been <donated|made|repaired> by <local volunteers|"
+            "a family in {TOWN}|pupils from the school> .",
+        "Parking near the {PLACE} will be limited [on {WEEKDAY}] .",
+    ]),
+    (["WHAT THEY SAY :"], [
+        "\" We are <delighted|proud|very grateful> to see so many people {ACTIVITY} , \" said "
+            "{NAME} {SURNAME} , <one of the organisers|a local resident> .",
+        "{NAME} {SURNAME} , who runs the {PLACE} , said the <response|turnout|support> had been "
+            "<wonderful|better than expected|encouraging> .",
+        "\" It is a <great|simple|cheap> way to <meet people|get outside|learn something new> "
+            ", \" {NAME} added .",
+    ]),
+    (["WHAT NEXT :", "COMING UP :"], [
+        "The next {EVENT} is planned for {MONTH} .",
+        "More information is available from the {PLACE} [or from {NAME} {SURNAME}] .",
+        "Volunteers are <still needed|welcome|asked to sign up by {WEEKDAY}> .",
+    ]),
+]
+_LETTER = [
+    ([""], [
+        "Dear {NAME2} , thank you for your <letter|message|postcard> [from {TOWN}] .",
+        "I hope you and your {KIN} are <well|keeping warm|enjoying the {WEATHER} weather> .",
+        "Life here in {TOWN} has been <quiet|busy|much the same> [since {MONTH}] .",
+        "I have <started|taken up|gone back to> {ACTIVITY} [at the {PLACE}] .",
+        "My {KIN} {NAME} <has|finally has> a new {THING} [and uses it every day] .",
+    ]),
+    ([""], [
+        "We are <thinking of|planning on> visiting you in {MONTH} [, if that suits you] .",
+        "Would you like to come to the {EVENT} with us on {WEEKDAY} ?",
+        "I will bring the {THING} you asked about [and the {THING2}] .",
+        "The train from {TOWN} takes about {DURATION} [, so we could meet for lunch] .",
+    ]),
+    ([""], [
+        "<Write soon|Say hello to everyone|Take care> , and give my love to {NAME} .",
+        "With love from {NAME3} .",
+        "<See you soon|Until next time|Speak soon> !",
+    ]),
+]
+# Genres of the general register: (sections, each section's weight when sentences are spread).
+GENERAL_GENRES = {"story": (_STORY, [1, 3, 1]), "news": (_NEWS, [1, 2, 1, 1]),
+                  "letter": (_LETTER, [3, 2, 1])}
+GENERAL_TEMPLATES = {genre: [t for _, pool in sections for t in pool]
+                     for genre, (sections, _) in GENERAL_GENRES.items()}
+
+
+def _general_case(rng):
+    """The facts one general document is about: its people, town and day, in one topic."""
+    topic = _TOPICS[rng.choice(_TOPIC_NAMES)]
+    names = rng.sample(NAMES, 3)
+    things = rng.sample(topic["things"], 3)
+    fill = {"NAME": names[0], "NAME2": names[1], "NAME3": names[2],
+            "THING": things[0], "THING2": things[1], "THING3": things[2]}
+    for slot, key in _TOPIC_SLOTS[1:]:  # THING's three are drawn above
+        fill[slot] = rng.choice(topic[key])
+    for slot, pool in (("SURNAME", SURNAMES), ("TOWN", TOWNS), ("KIN", KIN),
+                       ("WEEKDAY", WEEKDAYS), ("MONTH", MONTH_NAMES), ("WEATHER", WEATHER)):
+        fill[slot] = rng.choice(pool)
+    return fill
+
+
+def general_document(rng: random.Random, genre: str | None = None) -> str:
+    """One document of the general register (a story, a news report or a letter of 4 to 14
+    sentences) as one string."""
+    genre = genre or rng.choice(list(GENERAL_GENRES))
+    if genre not in GENERAL_GENRES:
+        raise ValueError(f"unknown general genre {genre!r}; expected one of "
+                         f"{list(GENERAL_GENRES)} or None")
+    sections, weights = GENERAL_GENRES[genre]
+    return _compose(rng, sections, _general_case(rng), weights)
+
+
+REGISTERS = {"bio": document, "general": general_document}  # corpus's registers, by document
+
+
+def corpus(n_docs: int, seed: int = 1234, register: str = "bio") -> list[str]:
+    """n_docs documents of a register: bio (notes and abstracts, the default corpus) or general
+    (everyday English); the same list for the same seed on every machine."""
+    if register not in REGISTERS:
+        raise ValueError(f"unknown register {register!r}; expected one of {list(REGISTERS)}")
     rng = random.Random(seed)
-    return [document(rng) for _ in range(n_docs)]
+    return [REGISTERS[register](rng) for _ in range(n_docs)]
 
 
 if __name__ == "__main__":

@@ -102,17 +102,23 @@ ROWS = [
     ("detour", "--out_dir {root}/ok.txt/sub", "cannot create the directory ", "cli"),
     ("decay", "--phase decay --init_from {out} --decay_tokens 100", "--decay_tokens 100 is less than one optimizer", ""),
     ("prepare", "--input {root}/latin1.txt", "latin1.txt is not UTF-8 text", "cli"),
-    ("prepare", "--tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the tokenizers", ""),
+    ("prepare", "--n_docs 50 --tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the", ""),
     ("prepare", "--vocab_size 0", "--vocab_size 0 must be >= 261", ""),
     ("prepare", "--val_fraction 1", "--val_fraction 1.0 must be in (0, 1)", ""),
     ("prepare", "--n_docs 1", "--n_docs 1 must be >= 2", ""),
     ("prepare", "--input {root}/ok.txt --group_tokens 0", "--group_tokens 0 must be > 0", ""),
     ("prepare", "--vocab_size many", "argument --vocab_size: invalid int value: 'many'", "cli"),
-    ("prepare", "--out_dir {root}/ok.txt", "ok.txt is a file; give a directory", "cli"),
-    ("prepare", "--out_dir {root}/ok.txt/data", "ok.txt/data is under ", "cli"),
-    ("prepare", "--out_dir {root}/ok.txt/a/b", "ok.txt, which is a file; give a directory path", ""),
+    ("prepare", "--n_docs 50 --out_dir {root}/ok.txt", "ok.txt is a file; give a directory", "cli"),
+    ("prepare", "--n_docs 50 --out_dir {root}/ok.txt/data", "ok.txt/data is under ", "cli"),
+    ("prepare", "--n_docs 50 --out_dir {root}/ok.txt/a/b", "ok.txt, which is a file; give a directory path", ""),
     ("prepare", "--input {root}/missing.txt", "missing.txt; check the --input path", "cli"),
-    ("prepare", "--tokenizer {root}/task", "task is a directory; give the tokenizer.json file in it", ""),
+    ("prepare", "--n_docs 50 --tokenizer {root}/task", "task is a directory; give the tokenizer.json file in it", ""),
+    # an option given that does not act in this run (prepare.ACTS), and an input read twice or its own output
+    ("prepare", "--input {root}/ok.txt --n_docs 50", "--n_docs does not act with --input", "cli"),
+    ("prepare", "--n_docs 50 --group_tokens 9", "--group_tokens does not act with the generated corpus", ""),
+    ("prepare", "--n_docs 50 --tokenizer {data}/tokenizer.json --vocab_size 300", "--vocab_size does not act with", ""),
+    ("prepare", "--input {root}/ok.txt {data}/../ok.txt", "/ok.txt twice (", ""),
+    ("prepare", "--input {data}/val.txt", "/data/val.txt is a file this run writes", ""),
     ("finetune", "--seeds 0", "--seeds 0 must be > 0", "cli"),
     ("finetune", "--epochs 0", "--epochs 0 must be > 0", ""),
     ("finetune", "--ner_epochs -1", "--ner_epochs -1 must be > 0", ""),
@@ -146,7 +152,7 @@ ROWS = [
      "--out_dir {root}/ok.txt/tp", "ok.txt/tp (Not a directory)", ""),
 ]
 OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
-           "prepare": "--out_dir {data} --n_docs 50",
+           "prepare": "--out_dir {data}",  # and --n_docs 50 where the corpus is generated
            "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false"}
 OUTPUTS["analysis"] = OUTPUTS["finetune"]
 OUTPUTS["decay"] = "--out_dir {root}/decay --progress false"  # a decay takes its shape and Phase 1's keys from {out}

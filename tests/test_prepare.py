@@ -94,6 +94,55 @@ def test_note_type_is_never_written():
     assert got in world.NOTE_TYPES
 
 
+# The general register (world.corpus(..., register="general")): everyday English, made as the bio text is. The
+# digests pin the bytes: the bio corpus's as they were before the general register existed, the general one's as
+# first written, so that either changing shows here.
+BIO_DIGEST = "e5faff3e00059c020fd314aee5594ab6386eba49cd6c9c65901c4b07d6a494c1"  # corpus(500, 1234)
+GENERAL_DIGEST = "ad62c9f0f0320532749985985839aefadef6836b097c91c2babfb8a53f1615c1"  # corpus(200, 7, "general")
+
+
+def corpus_digest(*args):
+    return hashlib.sha256("\n".join(world.corpus(*args)).encode()).hexdigest()
+
+
+def test_general_register_is_a_pure_function_of_its_seed():
+    code = ("import hashlib, sys; sys.path.insert(0, sys.argv[1]); from data import world; "
+            "print(hashlib.sha256('\\n'.join(world.corpus(200, 7, 'general')).encode()).hexdigest())")
+    # Two processes with different string hashing: no set or dict order leaks into the text.
+    runs = [subprocess.run([sys.executable, "-c", code, os.path.dirname(DATA)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, timeout=60) for seed in ("1", "2")]
+    assert [r.stdout for r in runs] == [GENERAL_DIGEST + "\n"] * 2, [r.stderr for r in runs]
+    assert corpus_digest(200, 7, "general") == GENERAL_DIGEST != corpus_digest(200, 8, "general")
+    # The bio corpus, world.corpus's default register, is byte for byte what it was.
+    assert corpus_digest(500, 1234) == corpus_digest(500, 1234, "bio") == BIO_DIGEST
+    with pytest.raises(ValueError, match="unknown register 'news'"):
+        world.corpus(2, 1, "news")
+
+
+def test_general_register_is_everyday_english_not_biomedical():
+    general = world.corpus(2000, 3, "general")
+    bio = world.corpus(2000, 3)
+    words = [{w.lower() for d in docs for w in d.split() if w.isalpha()} for docs in (general, bio)]
+    shared = words[0] & words[1]
+    # A different register: English's function words are shared, little else (13% of the general words here).
+    assert {"the", "and", "of", "in", "to", "was", "we", "with"} <= shared
+    assert 0.02 < len(shared) / len(words[0]) < 0.3
+    assert not words[0] & {term.lower() for term in world.DRUGS + world.GENES if term.isalpha()}
+    assert not words[0] & {"patients", "mg", "disease", "treatment", "clinical", "study"}
+    assert len(general) == 2000 and all(isinstance(d, str) and d for d in general)
+    rng = random.Random(5)
+    for genre in world.GENERAL_GENRES:
+        for _ in range(100):
+            tokens = world.general_document(rng, genre).split()
+            ends = sum(tokens.count(p) for p in (".", "!", "?"))  # every template ends with one, alone
+            assert 4 <= ends <= 14 and tokens[-1] in (".", "!", "?")
+    with pytest.raises(ValueError):
+        world.general_document(rng, "tweet")
+    for template in [t for pool in world.GENERAL_TEMPLATES.values() for t in pool]:  # every slot has a value
+        tokens, tags = world.render(template, rng, world._general_case(rng))
+        assert tokens and set(tags) == {"O"} and all(w and " " not in w and "{" not in w for w in tokens), template
+
+
 # --- prepare.py -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -712,3 +761,131 @@ def test_help_names_every_default():
         assert "(default: " in action.help, action.dest
         if action.default is not None:
             assert f"(default: {action.default})" in text, action.dest
+
+
+# --- every option acts where it is given; no input is read twice ------------
+
+def test_every_option_says_when_it_acts():
+    """ACTS is the one place that says when each option acts: a new option without an entry fails here."""
+    options = {action.dest for action in prepare.arguments()._actions} - {"help"}
+    assert set(prepare.ACTS) == options
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--input", "{d}/docs.jsonl", "--group_tokens", "20"], "--group_tokens does not act with .jsonl input (it joins "
+     "the lines of .txt files into documents); drop --group_tokens, or give .txt input"),
+    (["--input", "{d}/pubmed.xml", "--group_tokens", "20"], "--group_tokens does not act with .xml input"),
+    (["--input", "{d}/docs.jsonl", "{d}/pubmed.xml", "--group_tokens", "20"],
+     "--group_tokens does not act with .jsonl and .xml input"),
+    (["--group_tokens", "20"], "--group_tokens does not act with the generated corpus (it joins"),
+    (["--input", "{d}/docs.jsonl", "--n_docs", "50"], "--n_docs does not act with --input (it sizes the generated "
+     "corpus); drop --n_docs, or drop --input"),
+    (["--input", "{d}/docs.jsonl", "--world_seed", "3"], "--world_seed does not act with --input"),
+    # at its default value, in the --key=value form: given is given
+    (["--tokenizer", "{d}/tok.json", f"--vocab_size={8192}"], "--vocab_size does not act with --tokenizer (it sizes a "
+     "tokenizer trained here); drop --vocab_size, or drop --tokenizer to train one"),
+    (["--input", "{d}/docs.jsonl", "--tokenizer", "{d}/tok.json", "--tokenizer_sample", "1"],  # argparse's prefix
+     "--tokenizer_sample_mb does not act with --tokenizer"),
+    (["--name", "pubmed"], "--name does not act with --out_dir (it names data/NAME/, the output directory without "
+     "--out_dir); drop one of them"),
+    (["--input", "{d}/docs.jsonl", "--register", "general"], "--register does not act with --input (it picks the "
+     "generated corpus's register); drop --register, or drop --input"),
+])
+def test_an_option_given_that_does_not_act_is_refused(tmp_path, argv, message):
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(20, seed=2)))
+    (tmp_path / "pubmed.xml").write_text(PUBMED)
+    out = tmp_path / "out"
+    one_line_error([a.format(d=tmp_path) for a in argv] + ["--out_dir", str(out)], re.escape(message))
+    assert not out.exists()  # refused before anything is read or written
+
+
+def test_options_that_act_are_taken_and_the_refusal_is_one_line_on_the_command_line(tmp_path):
+    docs = world.corpus(40, seed=4)
+    (tmp_path / "a.txt").write_text("\n".join(docs[:20]) + "\n")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[20:]))
+    # --group_tokens acts on the .txt among the inputs; --vocab_size and --tokenizer_sample_mb on a trained tokenizer.
+    prepare.main(["--input", str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"), "--group_tokens", "100000",
+                  "--vocab_size", "300", "--tokenizer_sample_mb", "1", "--out_dir", str(tmp_path / "out")])
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["n_train_docs"] + meta["n_val_docs"] == 1 + 20 and meta["vocab_size"] <= 300
+    run = subprocess.run([sys.executable, os.path.join(DATA, "prepare.py"), "--input", str(tmp_path / "b.jsonl"),
+                          "--n_docs", "50", "--out_dir", str(tmp_path / "cli")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and run.stdout == "" and not (tmp_path / "cli").exists()
+    assert run.stderr.splitlines() == ["error: --n_docs does not act with --input (it sizes the generated corpus); "
+                                       "drop --n_docs, or drop --input"]
+
+
+def outputs(out):
+    return {f: (out / f).read_bytes() for f in sorted(os.listdir(out)) if (out / f).is_file()}
+
+
+def test_a_run_never_reads_its_own_output(tmp_path):
+    """With --out_dir in (or equal to) the --input directory, a run's val.txt is not input to the next: both runs read
+    the same documents and write the same bytes. Named as --input, it is refused; a pattern skips it."""
+    argv = ["--vocab_size", "300", "--val_fraction", "0.1"]
+    for layout in ("inside", "same"):
+        corpus = tmp_path / layout
+        corpus.mkdir()
+        (corpus / "a.txt").write_text("\n".join(world.corpus(60, seed=6)) + "\n")
+        out = corpus / "prepared" if layout == "inside" else corpus
+        runs = []
+        for _ in range(2):
+            prepare.main(["--input", str(corpus), "--out_dir", str(out), *argv])
+            runs.append(outputs(out))
+        assert runs[0] == runs[1]
+        assert json.loads(runs[1]["meta.json"])["n_train_docs"] == 54  # the 60 documents of a.txt, no more
+    prepare.main(["--input", str(corpus / "*.txt"), "--out_dir", str(corpus), *argv])  # matches a.txt and val.txt
+    before = outputs(corpus)
+    assert json.loads(before.pop("meta.json"))["n_train_docs"] == 54  # its source names the pattern
+    assert before == {f: b for f, b in runs[1].items() if f != "meta.json"}
+    one_line_error(["--input", str(corpus / "val.txt"), "--out_dir", str(corpus), *argv],
+                   re.escape(f"--input {corpus / 'val.txt'} is a file this run writes (--out_dir's val.txt); give "
+                             "another --out_dir, or move the file out of it"))
+    one_line_error(["--input", str(corpus / "v*.txt"), "--out_dir", str(corpus), *argv],
+                   re.escape(f"--input pattern {corpus / 'v*.txt'} matches only files this run writes"))
+    assert {f: b for f, b in outputs(corpus).items() if f != "meta.json"} == before
+    # Another --out_dir: that val.txt is a file like any other.
+    prepare.main(["--input", str(corpus / "val.txt"), "--out_dir", str(tmp_path / "again"), *argv])
+
+
+def test_a_file_named_twice_is_refused(tmp_path, monkeypatch):
+    """However a file is named twice (the same path, two spellings, a symlink, a directory and a file in it, two
+    patterns), one line names it: read twice, its documents would be in train and in val."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        (shards / f"{i}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in world.corpus(20, seed=i)))
+    os.symlink(shards / "0.jsonl", tmp_path / "link.jsonl")
+    monkeypatch.chdir(tmp_path)
+    real = str(shards / "0.jsonl")
+    cases = [
+        ([real, real], f"({real}, and {real})"),
+        ([real, "shards/../shards/0.jsonl"], f"({real}, and shards/../shards/0.jsonl)"),
+        ([real, "link.jsonl"], f"({real}, and link.jsonl)"),
+        (["shards", "shards/0.jsonl"], "(shards/0.jsonl in shards, and shards/0.jsonl)"),
+        (["shards/*.jsonl", "shards/0*"], "(shards/0.jsonl in shards/*.jsonl, and shards/0.jsonl in shards/0*)"),
+    ]
+    out = tmp_path / "out"
+    for paths, spelled in cases:
+        one_line_error(["--input", *paths, "--out_dir", str(out)],
+                       re.escape(f"--input names the file {real} twice {spelled}; give each file once (a directory "
+                                 "includes the files under it)"))
+    os.symlink(shards / "1.jsonl", shards / "2.jsonl")  # a directory holding a link to one of its files
+    one_line_error(["--input", "shards", "--out_dir", str(out)],
+                   re.escape("twice (shards/1.jsonl in shards, and shards/2.jsonl in shards)"))
+    assert not out.exists()
+
+
+def test_prepare_writes_the_general_register_on_request(tmp_path):
+    """--register general: the generated corpus in everyday English, recorded in meta.json's source as the call that
+    made it; the default (bio) run's source stays as it was."""
+    prepare.main(["--register", "general", "--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "g")])
+    meta = json.loads((tmp_path / "g" / "meta.json").read_text())
+    assert meta["source"] == "generated:world.corpus(300, 1234, register='general')"
+    docs = [prepare.clean(d) for d in world.corpus(300, 1234, "general")]
+    assert set((tmp_path / "g" / "val.txt").read_text().splitlines()) <= set(docs)
+    prepare.main(["--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "b")])
+    assert json.loads((tmp_path / "b" / "meta.json").read_text())["source"] == "generated:world.corpus(300, 1234)"
+    one_line_error(["--register", "news", "--out_dir", str(tmp_path / "n")],
+                   re.escape("--register 'news' must be one of bio | general"))
