@@ -201,17 +201,35 @@ def inline_code(md):
     return re.findall(r"`([^`\n]+)`", prose)
 
 
-def commands(line):
-    """(script, [flags]) for every `python <script>.py ...` and `torchrun ... <script>.py ...` in one line."""
+def commands(line, words=False):
+    """(script, [flags]) for every `python <script>.py ...` and `torchrun ... <script>.py ...` in one line; with
+    words, (script, [the words after it])."""
     found = []
     for m in PY_CMD.finditer(line):
-        found.append((m.group(1), FLAG.findall(m.group(2))))
+        found.append((m.group(1), m.group(2).split() if words else FLAG.findall(m.group(2))))
     for m in TORCHRUN_CMD.finditer(line):
-        words = m.group(1).split()
-        at = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+        parts = m.group(1).split()
+        at = next((i for i, w in enumerate(parts) if w.endswith(".py")), None)
         if at is not None:
-            found.append((words[at], [f for w in words[at + 1:] for f in FLAG.findall(w)]))
+            found.append((parts[at], parts[at + 1:] if words else
+                          [f for w in parts[at + 1:] for f in FLAG.findall(w)]))
     return found
+
+
+def idle_keys(words):
+    """The keys a detour.py command gives that do not act in its run (detour.py would refuse them), judged
+    from the values it gives literally (a shell variable keeps the default)."""
+    import detour
+    values, given = dict(detour.DEFAULTS), []
+    pairs = [w.split("=", 1) if "=" in w else [w, nxt] for w, nxt in zip(words, [*words[1:], ""])]
+    for key, text in pairs:
+        if key.startswith("--") and key[2:] in detour.DEFAULTS:
+            given.append(key[2:])
+            try:
+                values[key[2:]] = detour.convert(key[2:], text, detour.DEFAULTS[key[2:]])
+            except (SystemExit, ValueError):  # a variable ($OUT/...): its default stands
+                pass
+    return [k for k in given if detour.where_else(k, values)]
 
 
 def scripts_in(body):
@@ -239,6 +257,10 @@ def check_commands(where, lines, flags_of):
             bad = [f for f in flags if f not in flags_of([script])]
             if bad:
                 problems.append(f"{where}: {script} has no --{', --'.join(bad)} ({line.strip()[:100]})")
+        for script, words in commands(line, words=True):
+            if norm(script) == "detour.py" and (idle := idle_keys(words)):
+                problems.append(f"{where}: detour.py would refuse --{', --'.join(idle)} there: it does not act "
+                                f"({line.strip()[:100]})")
         for sh in BASH_CMD.findall(line):
             if not (ROOT / norm(sh)).is_file():
                 problems.append(f"{where}: `bash {sh}`: no such script")
@@ -373,6 +395,9 @@ def test_the_checker_catches_what_it_should(flags_of, torchrun_flags):
     anchor are judged as they should be."""
     assert check_commands("x", ["python detour.py --phase clm --no_such_flag 1"], flags_of)
     assert check_commands("x", ["torchrun --standalone --nproc_per_node=1 detour.py --nope 3"], flags_of)
+    assert check_commands("x", ["python detour.py --phase decay --init_from out/clm --max_tokens 9"], flags_of)
+    assert check_commands("x", ["python detour.py --init_from out/x/hf --preset=base"], flags_of)
+    assert not check_commands("x", ["python detour.py --phase decay --init_from out/clm --decay_ratio 0.2"], flags_of)
     assert check_commands("x", ["python bench/no_such_script.py --quick"], flags_of)
     assert not check_commands("x", ["python studies/analysis.py --analysis cka --ckpts a,b --seeds 2 && "
                                     "python data/prepare.py --input x"], flags_of)  # analysis.py: finetune.py's too
