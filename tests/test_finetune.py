@@ -250,8 +250,15 @@ def test_read_jsonl_and_tsv(tmp_path):
         bad = write(tmp_path / "bad.jsonl", body)
         with pytest.raises(SystemExit, match=f"bad.jsonl:{body.count(chr(10))}: {msg}"):
             tasks.read_jsonl(bad, "cls")
-    with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a number"):
+    with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a finite number"):
         tasks.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
+    # a label that is not finite would train on NaN losses and score as a number: refused, JSON and TSV alike
+    for value in ("NaN", "Infinity", "-Infinity", "1e999"):
+        with pytest.raises(SystemExit, match="bad.jsonl:2: label should be a finite number"):
+            tasks.read_jsonl(write(tmp_path / "bad.jsonl", f'{{"text": "x", "label": 1}}\n{{"text": "y", "label": {value}}}\n'),
+                             "regression")
+        with pytest.raises(SystemExit, match="n.tsv:3: label should be a finite number"):
+            tasks.read_tsv(write(tmp_path / "n.tsv", f"sentence\tscore\na\t0.5\nb\t{value}\n"), "regression")
     with pytest.raises(SystemExit, match="empty"):
         tasks.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
     # TSV with a header (GAD / HoC layouts)
@@ -280,8 +287,13 @@ def test_unknown_label_and_missing_split(tmp_path):
 
 
 def test_parse_tasks():
-    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False),
-                                                              ("gad", "cls", "c", True)]
+    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False, 0),
+                                                              ("gad", "cls", "c", True, 0)]
+    # a task's own max length: path@N (a path may hold @ elsewhere)
+    assert tasks.parse_tasks("p=multilabel:x@y/z@4096,q=cls:x@y", "d") == [("p", "multilabel", "x@y/z", False, 4096),
+                                                                          ("q", "cls", "x@y", False, 0)]
+    with pytest.raises(SystemExit, match="task p: max length @2 must be >= 3"):
+        tasks.parse_tasks("p=cls:x@2", "d")
     assert [t[0] for t in tasks.parse_tasks("default", "data/tasks")] == ["ner", "notes", "needle"]
     for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
         with pytest.raises(SystemExit, match="error:"):
@@ -344,7 +356,7 @@ def test_each_head_trains(kind, tmp_path, fast):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = ft.finetune_one(p, model, task, seed=0)
     assert r["losses"][-1] < r["losses"][0]
-    assert set(r) == {"dev", "test", "epoch", "losses"} and 1 <= r["epoch"] <= 3
+    assert set(r) == {"dev", "test", "epoch", "losses", "predictions"} and 1 <= r["epoch"] <= 3
     assert kind == "regression" or 0 <= r["test"]["main"] <= 1  # Pearson may be negative
     assert r["test"]["main"] == r["test"][tasks.KINDS[kind].main]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # a copy was trained
