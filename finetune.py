@@ -939,6 +939,10 @@ def main(argv=None):
         print(f"note: {q} not found, skipped")
     specs = tasks.parse_tasks(protocol.tasks, protocol.tasks_dir)
     refuse_idle(idle_options(protocol, given, specs, arms_of(found)))
+    if protocol.protocol == "paper-fr" and "ner" in [spec[1] for spec in specs]:
+        print("note: the French paper's NER (QUAERO) used a nested-NER span head (biaffine, 4,000 "
+              "steps, head lr 1e-3); finetune.py trains a token classifier on flat tags: its NER "
+              "rows are not the paper's (docs/finetuning.md)")
     return run(protocol, found, protocol.tasks)
 
 if __name__ == "__main__":

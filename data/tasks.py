@@ -454,8 +454,9 @@ def ranks(x):
 
 def regression_metrics(gold, pred):
     """Pearson, Spearman (Pearson of the ranks) and MSE; all nan when a value is not finite."""
-    spearman = pearson(ranks(gold), ranks(pred)) if finite(gold, pred) else float("nan")
-    return dict(pearson=pearson(gold, pred), spearman=spearman,
+    if not finite(gold, pred):
+        return dict.fromkeys(("pearson", "spearman", "mse"), float("nan"))
+    return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
                 mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
 
 

@@ -53,12 +53,20 @@ PROG = "studies/analysis.py"
 # ----------------------------------------------------------------------------------------
 # cka: how differently two checkpoints represent the same sentences, layer by layer.
 # ----------------------------------------------------------------------------------------
+def centered(a):
+    """Columns minus their means, float64. Of inputs all the same, centering leaves rounding alone
+    (~1e-16 of them), on which CKA would compute a number: zeros instead."""
+    a = np.asarray(a, np.float64)
+    c = a - np.mean(a, 0)
+    return c if np.linalg.norm(c) > 1e-9 * np.linalg.norm(a) else np.zeros_like(c)
+
+
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
     inputs: ||Y'X||^2 / (||X'X|| ||Y'Y||) of the centered columns; 1 = the same up to a rotation
     and a scale, near 0 = unrelated. Float64: the terms are fourth powers of the activations."""
-    x = np.asarray(x, np.float64) - np.mean(x, 0)
-    y = np.asarray(y, np.float64) - np.mean(y, 0)
+    x = centered(x)
+    y = centered(y)
     denominator = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
     if not denominator > 0:  # a side the same for every input (or not finite): undefined
         return float("nan")

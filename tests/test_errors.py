@@ -273,6 +273,7 @@ def test_help_lists_every_option_with_its_default_and_comment(program, flag):
         assert "# optimizer (decoupled AdamW)" in r.stdout and "---" not in r.stdout
     if program == "finetune.py":
         assert 'pooling: str = "mean"           # cls | mean' in r.stdout and "# protocol (paper)" in r.stdout
+        assert '"paper-en": dict(learning_rate=5e-5' in r.stdout and '"paper-fr": dict(' in r.stdout  # --protocol
     if program == "studies/analysis.py":
         assert 'layers: str = ""    # transplant: the group taken from the first checkpoint' in r.stdout
         assert r.stdout.startswith("usage: python studies/analysis.py [--key value")

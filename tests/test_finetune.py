@@ -506,3 +506,58 @@ def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path):
     assert (len(a["train"]), len(a["dev"]), len(a["test"])) == (10, 5, 5)
     assert [x["ids"] for x in a["train"]] == [x["ids"] for x in b["train"]]      # the same subset each time
     assert all(x["ids"] in [y["ids"] for y in full["train"]] for x in a["train"])
+
+
+# ----------------------------------------------------------------------------------------
+# no silent wrong result: a diverged run, one checkpoint twice, two cells in one file
+# ----------------------------------------------------------------------------------------
+def test_a_diverged_run_is_an_error_not_a_score(tmp_path, fast):
+    path, _ = make_ckpt(tmp_path / "m")
+    model, tok = detour.load_encoder(path)
+    task = load_task(fast, "r", "regression", make_task_dir(tmp_path / "r", "regression"), tok)
+    task["train"][0]["y"] = float("nan")  # past the readers' check, as a NaN from anywhere else would be
+    with pytest.raises(SystemExit, match="r: the training loss is nan at epoch 1, step"):
+        ft.finetune_one(fast, model, task, seed=0)
+    head = ft.TaskModel(model, 1, False, "mean", 0.0)
+    with torch.no_grad():
+        head.classifier.weight.fill_(float("nan"))  # the weights a diverged run leaves
+    with pytest.raises(SystemExit, match="task r: predictions on dev are not finite"):
+        ft.evaluate(fast, head, task, "dev", None, torch.device("cpu"))
+
+
+def test_one_checkpoint_named_twice_or_two_cells_in_one_file_are_errors(tmp_path, fast):
+    a, _ = make_ckpt(tmp_path / "x" / "a")
+    os.symlink(a, tmp_path / "link")
+    # the issue's X,X/ passed the check: both arms wrote one cell and the grid never completed
+    for twice in ([a, a + "/"], [a, str(tmp_path / "link")], [a, str(tmp_path / "x" / "." / "a")], [f"{a}+{a}//"]):
+        with pytest.raises(SystemExit, match="a checkpoint is listed twice in .*; list each once"):
+            ft.arms_of(twice)
+    b, _ = make_ckpt(tmp_path / "x_a", seed=1)  # another checkpoint, whose cells' directory name is a's
+    spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
+    with pytest.raises(SystemExit, match="drugs would share the cell file .*; rename a checkpoint directory or task"):
+        ft.run(replace(fast, out_dir=str(tmp_path / "out")), [a, b], spec)
+    assert not os.path.exists(tmp_path / "out")  # refused before anything trained
+
+
+def test_the_papers_protocols_as_presets(capsys):
+    p, given = ft.protocol_of(["--protocol", "paper-en", "--epochs", "3"])
+    assert (p.learning_rate, p.batch_size, p.epochs, p.ner_epochs, p.warmup_ratio, p.max_len, p.pooling) == (
+        5e-5, 16, 3, 20, 0.0, 8192, "mean")  # --epochs given: it wins
+    assert ft.seed_list(p) == [42, 43, 44, 45, 46] and p.selection == "cls=weighted_f1,multilabel=weighted_f1"
+    assert "protocol paper-en: learning_rate 5e-05" in capsys.readouterr().out
+    assert ft.cpu_default(p, given) == p  # on a CPU too: a preset's fields are not shortened
+    p, given = ft.protocol_of(["--protocol", "paper-fr"])
+    assert (p.learning_rate, p.batch_size, p.epochs, p.warmup_ratio, p.seeds, p.max_len, p.pooling, p.pos_weight,
+            p.ner_mode, p.selection) == (2e-5, 4, 15, 0.1, 9, 2048, "cls", "auto", "strict",
+                                         "cls=weighted_f1,multilabel=micro_f1")
+    p, given = ft.protocol_of([])  # no preset: the defaults, and on a CPU the CPU default, as before
+    assert (p.protocol, p.first_seed, p.selection, p.ner_mode) == ("", 0, "", "default")
+    if ft.get_device(p).type == "cpu":
+        assert (ft.cpu_default(p, given).epochs, ft.cpu_default(p, given).seeds) == (3, 3)
+
+
+def test_a_task_of_its_own_length(tmp_path):
+    _, tok = make_ckpt(tmp_path / "m")
+    d = make_task_dir(tmp_path / "c", "cls")
+    task = tasks.encode_task(ft.Protocol(max_len=64), tasks.read_task("c", "cls", d, max_len=5), tok)
+    assert max(len(ex["ids"]) for ex in task["train"]) == 5 and task["max_len"] == 5
