@@ -27,7 +27,6 @@ import random
 import re
 import sys
 import time
-import zipfile
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -131,8 +130,9 @@ def is_pos_weight(v):
 def is_selection(v):
     """kind=metric pairs, each metric one of the kind's selectable ones (data/tasks.py's KINDS)."""
     pairs = [item.partition("=") for item in v.split(",") if item]
-    return all(kind in tasks.KINDS and metric in tasks.KINDS[kind].selectable
-               for kind, _, metric in pairs)
+    once = len({kind for kind, _, _ in pairs}) == len(pairs)  # a kind twice: one would not act
+    return once and all(kind in tasks.KINDS and metric in tasks.KINDS[kind].selectable
+                        for kind, _, metric in pairs)
 
 SELECTABLE = "; ".join(f"{k}={'|'.join(kind.selectable)}" for k, kind in tasks.KINDS.items())
 
@@ -153,7 +153,7 @@ RULES = dict(  # checked by main, in this order
     dtype=detour.DTYPE, bootstrap_samples=POSITIVE,
     shard=(is_shard, "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"),
     protocol=detour.one_of("", *PRESETS), first_seed=NON_NEGATIVE,
-    selection=(is_selection, f"kind=metric,... ({SELECTABLE})"),
+    selection=(is_selection, f"kind=metric,..., each kind once ({SELECTABLE})"),
     ner_mode=detour.one_of("default", "strict"),
     out_dir=detour.NOT_A_FILE, tasks_dir=detour.NOT_A_FILE)
 
@@ -608,7 +608,7 @@ def run_cell(protocol, cell, model, task, feats, dev):
     start = time.time()
     desc = f"{os.path.basename(cell['checkpoint'].rstrip('/'))} {cell['task']} seed {cell['seed']}"
     result = finetune_one(protocol, model, task, cell["seed"], feats, desc=desc)
-    write_kept(cell["preds"], result.pop("predictions"))  # first: a cell's JSON vouches for them
+    tasks.write_kept(cell["preds"], result.pop("predictions"))  # first: the JSON vouches for them
     saved = dict({k: cell[k] for k in ("checkpoint", "task", "seed", "identity")},
                  device=str(dev), result=result, scoring=cell["scoring"])
     detour.atomic_write(cell["file"], lambda f: f.write(json.dumps(saved, indent=1).encode()))
@@ -664,40 +664,21 @@ def grid_results(protocol, arms, task_specs, cells, result):
         results["scores"][label] = arm_scores(protocol, arm, names, result)
     return results
 
-# ---- Kept predictions: every run's dev and test predictions after each epoch, next to its cell
-# (<cell>.preds.npz), so that a finished grid is scored again in another scoring (--selection,
-# --ner_mode) without training: the run's epoch, chosen on dev, may change with the metric. ----
-def write_kept(path, kept):
-    """A run's kept predictions as one compressed .npz (no pickle): labels, <split>.<array>."""
-    flat = dict(labels=np.array(kept["labels"], dtype=str))
-    for split in ("dev", "test"):
-        flat.update({f"{split}.{name}": array for name, array in kept[split].items()})
-    detour.atomic_write(path, lambda f: np.savez_compressed(f, **flat))
-
+# ---- Kept predictions (tasks.write_kept), next to each cell: <cell>.preds.npz. A finished grid is
+# scored again in another scoring (--selection, --ner_mode) without training: the run's epoch,
+# chosen on dev, may change with the metric; the weights never depended on it. ----
 def described(scoring):
     return ", ".join(f"{k} {v}" for k, v in scoring.items())
 
 def read_kept(cell, made):
-    """A cell's kept predictions (write_kept) -> dict(labels, dev, test); none, or unreadable: an
-    error naming the cell and the scoring it was made in."""
-    why = f"{cell['file']} was scored with {described(made)}"
+    """A cell's kept predictions; none (a cell from before they were kept): an error naming the cell
+    and the scoring it was made in."""
     try:
-        with np.load(cell["preds"], allow_pickle=False) as z:
-            flat = {name: z[name] for name in z.files}
+        return tasks.read_kept(cell["preds"], f"delete it and {cell['file']} to run the cell again")
     except FileNotFoundError:
-        fail(f"{why}, and {cell['preds']} is not there (a cell made before predictions were kept); "
-             "score as it was made, or delete the cell to run it again")
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        fail(f"{cell['preds']} is unreadable ({type(e).__name__}); delete it and {cell['file']} to "
-             "run the cell again")
-    kept = dict(labels=[str(x) for x in flat.pop("labels", [])], dev={}, test={})
-    for key, array in flat.items():
-        split, _, name = key.partition(".")
-        kept.setdefault(split, {})[name] = array
-    if not all({"gold", "pred"} <= set(kept[split]) for split in ("dev", "test")):
-        fail(f"{cell['preds']} lacks dev or test predictions; delete it and {cell['file']} to run "
-             "the cell again")
-    return kept
+        fail(f"{cell['file']} was scored with {described(made)}, and {cell['preds']} is not there "
+             "(a cell made before predictions were kept); score as it was made, or delete the cell "
+             "to run it again")
 
 def made_with(cell, saved):
     """The scoring a done cell's result was made in; a cell from before cells recorded it was

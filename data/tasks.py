@@ -24,6 +24,7 @@ import math
 import os
 import random
 import re
+import zipfile
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -604,6 +605,34 @@ def kept_gold(task, split):
         width = max(len(ex["groups"]) for ex in examples)
         kept["groups"] = np.array([ex["groups"] + [""] * (width - len(ex["groups"]))
                                    for ex in examples])
+    return kept
+
+
+def write_kept(path, kept):
+    """A run's kept predictions (dict(labels, dev, test)) as one compressed .npz, no pickle: labels,
+    then <split>.<array>; atomic."""
+    flat = dict(labels=np.array(kept["labels"], dtype=str))
+    for split in ("dev", "test"):
+        flat.update({f"{split}.{name}": array for name, array in kept[split].items()})
+    atomic_write(path, lambda f: np.savez_compressed(f, **flat))
+
+
+def read_kept(path, fix):
+    """write_kept's file -> dict(labels, dev, test); FileNotFoundError when it is not there; a file
+    that cannot be read or lacks a split: one line, `fix` said."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            flat = {name: z[name] for name in z.files}
+    except FileNotFoundError:
+        raise  # the caller says what its absence means
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        fail(f"{path} is unreadable ({type(e).__name__}); {fix}")
+    kept = dict(labels=[str(x) for x in flat.pop("labels", [])], dev={}, test={})
+    for key, array in flat.items():
+        split, _, name = key.partition(".")
+        kept.setdefault(split, {})[name] = array
+    if not all({"gold", "pred"} <= set(kept[split]) for split in ("dev", "test")):
+        fail(f"{path} lacks dev or test predictions; {fix}")
     return kept
 
 

@@ -168,7 +168,8 @@ ROWS = [
     ("finetune", "--tasks t=cls:{root}/good_task@2", "task t: max length @2 must be >= 3", ""),
     ("finetune", "--protocol paper-de", "--protocol 'paper-de' must be one of \"\" | paper-en | paper-fr", ""),
     ("finetune", "--ner_mode lenient", "--ner_mode 'lenient' must be one of default | strict", ""),
-    ("finetune", "--selection cls=f1", "--selection 'cls=f1' must be kind=metric,... (cls=macro_f1|weighted_f1|", ""),
+    ("finetune", "--selection cls=f1", "--selection 'cls=f1' must be kind=metric,..., each kind once (cls=macro_f1|", ""),
+    ("finetune", "--selection cls=accuracy,cls=macro_f1", "--selection 'cls=accuracy,cls=macro_f1' must be", ""),
     # an option given that acts on nothing in this run: one line, the option named
     ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --probe_lr 0.1", "--probe_lr does not act in this run (no "
      "task is probed); drop it", "cli"),

@@ -184,5 +184,8 @@ def test_the_same_scoring_gives_the_saved_result_and_a_cell_without_predictions_
     try:
         with pytest.raises(SystemExit, match="and .*preds.npz is not there .* score as it was made, or delete the"):
             ft.run(replace(p, selection="cls=weighted_f1"), grid["ckpts"], grid["spec"])
+        write(preds, "not a zip")  # torn or overwritten: one line naming it
+        with pytest.raises(SystemExit, match="preds.npz is unreadable .*; delete it and .*seed0.json to run the"):
+            ft.run(replace(p, selection="cls=weighted_f1"), grid["ckpts"], grid["spec"])
     finally:
-        os.rename(moved, preds)
+        os.replace(moved, preds)
