@@ -15,8 +15,9 @@ The default tasks are built from world.py with seeds other than the pretraining 
           text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
 An example whose text occurs verbatim in the pretraining text is dropped (and counted).
 finetune.py reads and checks every task before anything trains (read_task), encodes each per
-tokenizer (encode_task), batches it (train_order, pad_batch), scores predictions with its kind's
-metrics (KINDS) and records the files' digest with each result (digest).
+tokenizer (encode_task), batches it (train_order, pad_batch), keeps each epoch's predictions as
+arrays (kept_gold, KINDS' predict, write_kept), scores them in a scoring (score: the kind's metrics,
+seqeval's modes for NER) and records the files' digest with each result (digest).
 """
 import hashlib
 import json

@@ -147,6 +147,10 @@ def cka_divergence(protocol, paths, text_path=None):
         fail(f"{text_path} is not a file; pass --texts (a file, one text per line) "
              "or run data/prepare.py")
     feats, examples = cka_features(protocol, paths, text_path)
+    width = feats[0][0].shape[1]
+    if len(examples) <= width:  # said, not refused: a real model's width may exceed a texts file
+        print(f"note: {len(examples)} sentences for {width} dimensions: with fewer inputs than "
+              "dimensions linear CKA is biased toward 1 (d toward 0); give --texts more sentences")
 
     names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
 
