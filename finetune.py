@@ -882,6 +882,7 @@ def idle_rules(protocol, specs, arms):
         ("learning_rate", trains and not tuned, "every task is a probe: --probe_lr"),
         ("probe_lr", trains and not probed, "no task is probed"),
         ("probe_epochs", trains and not probed, "no task is probed"),
+        ("probe", all(spec[3] for spec in specs), "every task is a probe already (+probe)"),
         ("pos_weight", trains and "multilabel" not in probed | tuned, "no multilabel task"),
         ("pooling", trains and probed | tuned == {"ner"}, "NER tasks alone pool nothing"),
         ("max_len", trains and all(spec[4] for spec in specs), "every task has its own @N"),

@@ -189,6 +189,8 @@ ROWS = [
      "cls, multilabel or regression task trains)", ""),
     ("finetune", "--tasks t=cls:{root}/good_task@64 --seeds 1 --max_len 128", "--max_len does not act in this run "
      "(every task has its own @N)", ""),
+    ("finetune", "--tasks t=cls+probe:{root}/good_task --seeds 1 --probe true", "--probe does not act in this run "
+     "(every task is a probe already", ""),
     ("finetune", "--seeds 2 --cpu_seeds 4", "--cpu_seeds does not act in this run (--seeds is set, or this is not a "
      "CPU)", ""),
     ("finetune", "--merge true --shard 0/2", "--shard does not act in this run (--merge true merges every shard", ""),
