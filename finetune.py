@@ -42,23 +42,30 @@ from detour import fail
 @dataclass(frozen=True)
 class Protocol:
     ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints; those that exist
-    tasks: str = "default"          # comma-separated name=kind:path, or `default` (embedded tasks)
+    tasks: str = "default"          # comma-separated name=kind:path[@max_len], or `default`
     out_dir: str = "out/finetune"   # results.md / results.json
     tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
     pretrain_dir: str = "data/default"  # default-task text seen in its pretraining text: dropped
     # protocol (paper)
+    protocol: str = ""              # a preset, paper-en | paper-fr (PRESETS, below); options win
     learning_rate: float = 5e-5     # peak lr, AdamW
     weight_decay: float = 0.01      # on weight matrices only (not biases, norms)
     batch_size: int = 16
     epochs: int = 10                # cls / multilabel / regression
     ner_epochs: int = 20            # token classification
     warmup_ratio: float = 0.10      # linear warmup over 10% of the steps, then linear decay to 0
-    seeds: int = 5                  # fine-tuning seeds 0..seeds-1, the same for every checkpoint
-    max_len: int = 512              # longer inputs are truncated (and counted)
+    seeds: int = 5                  # fine-tuning seeds, the same for every checkpoint: ...
+    first_seed: int = 0             # ... first_seed .. first_seed + seeds - 1
+    max_len: int = 512              # longer inputs are truncated (and counted); a task's @N wins
     pooling: str = "mean"           # cls | mean (over real tokens, as the released ModernBERT)
     dropout: float = 0.0            # classifier_dropout, between head and classifier (HF: 0.0)
     grad_clip: float = 1.0          # max grad norm, 0 = off (HF Trainer's max_grad_norm: 1.0)
     pos_weight: str = "none"        # multilabel BCE: none | auto (n_neg/n_pos per label) | a number
+    # scoring, from each run's kept predictions (a finished grid is scored again without training)
+    selection: str = ""             # kind=metric,...: the dev metric that picks a run's epoch, its
+                                    # test score reported ("" = each kind's main: data/tasks.py)
+    ner_mode: str = "default"       # entities as seqeval finds them: default | strict (the scheme's
+                                    # only; IOB2 or IOBES, as the tags are)
     # linear probing: a frozen encoder, its features computed once, so probe epochs cost almost
     # nothing; lr and epochs are ours: a fresh linear layer barely moves at 5e-5 in a few epochs
     probe: bool = False             # probe every task (a task can also ask for it: kind+probe)
@@ -90,33 +97,73 @@ class Protocol:
     shard: str = ""                 # i/n: cells i, i+n, ...; "" = all (in a SLURM array: its own)
     merge: bool = False             # train nothing: results.md/.json from the cells (all done)
 
+# --protocol: the paper's two protocols (thesis, chapter 5), as field sets; an option given wins,
+# and the CPU default does not touch them. What finetune.py cannot do as the paper did is in
+# docs/finetuning.md (the French NER's nested span head; a length per task is name=kind:path@N).
+PRESETS = {
+    # English, BioClinical-ModernBERT's evaluation code: HF Trainer, no warmup, the best epoch by
+    # weighted F1 (classification) or seqeval's default-mode F1 (NER), the tokenizer's 8,192
+    "paper-en": dict(learning_rate=5e-5, weight_decay=0.01, batch_size=16, epochs=10,
+                     ner_epochs=20, warmup_ratio=0.0, seeds=5, first_seed=42, max_len=8192,
+                     pooling="mean", selection="cls=weighted_f1,multilabel=weighted_f1",
+                     ner_mode="default"),
+    # French, the tabib harness: a linear head on the CLS token, 10% warmup, weighted BCE, the best
+    # epoch by weighted F1 (single-label), micro F1 (multilabel), strict IOB2 F1 (NER); 9 seeds
+    # (their values are not published: 0-8 here); 2,048 tokens (its multilabel tasks: @4096)
+    "paper-fr": dict(learning_rate=2e-5, weight_decay=0.01, batch_size=4, epochs=15,
+                     ner_epochs=15, warmup_ratio=0.1, seeds=9, first_seed=0, max_len=2048,
+                     pooling="cls", pos_weight="auto", ner_mode="strict",
+                     selection="cls=weighted_f1,multilabel=micro_f1"),
+}
+
 CPU_DEFAULTS = ("epochs", "ner_epochs", "seeds", "learning_rate")  # cpu_<key> unless --<key> given
 REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs", "warmup_ratio",
             "max_len", "pooling", "dropout", "grad_clip", "pos_weight", "probe", "probe_lr",
             "probe_epochs", "max_train", "max_eval")  # the protocol settings results.json records
 POSITIVE = detour.POSITIVE          # > 0
 NON_NEGATIVE = detour.NON_NEGATIVE  # >= 0
+# a float finite too: an lr or a weight of inf (1e999 reads as one) would train on inf, then NaN
+POSITIVE_FLOAT = (lambda v: 0 < v < math.inf, "> 0 (and finite)")
+NON_NEGATIVE_FLOAT = (lambda v: 0 <= v < math.inf, ">= 0 (and finite)")
 PROPORTION = detour.BETA            # in [0, 1): warmup_ratio (of the steps), dropout (a chance)
 
 def is_pos_weight(v):
-    return v in ("none", "auto") or bool(re.fullmatch(r"[0-9.]+(e-?[0-9]+)?", v)) and float(v) > 0
+    if v in ("none", "auto"):
+        return True
+    try:
+        return 0 < float(v) < math.inf
+    except ValueError:  # not a number ("." and "high" included)
+        return False
+
+def is_selection(v):
+    """kind=metric pairs, each metric one of the kind's selectable ones (data/tasks.py's KINDS)."""
+    pairs = [item.partition("=") for item in v.split(",") if item]
+    once = len({kind for kind, _, _ in pairs}) == len(pairs)  # a kind twice: one would not act
+    return once and all(kind in tasks.KINDS and metric in tasks.KINDS[kind].selectable
+                        for kind, _, metric in pairs)
+
+SELECTABLE = "; ".join(f"{k}={'|'.join(kind.selectable)}" for k, kind in tasks.KINDS.items())
 
 def is_shard(v):
     parts = v.split("/")
     return v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(parts[0]) < int(parts[1])
 
 RULES = dict(  # checked by main, in this order
-    ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE,
-    weight_decay=NON_NEGATIVE, batch_size=POSITIVE, epochs=POSITIVE, ner_epochs=POSITIVE,
+    ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE_FLOAT,
+    weight_decay=NON_NEGATIVE_FLOAT, batch_size=POSITIVE, epochs=POSITIVE, ner_epochs=POSITIVE,
     warmup_ratio=PROPORTION, seeds=POSITIVE,
     max_len=(lambda v: v >= 3, ">= 3 ([CLS] a [SEP] b [SEP])"),
     pooling=detour.one_of("cls", "mean"),
-    dropout=PROPORTION, grad_clip=NON_NEGATIVE, probe_lr=POSITIVE, probe_epochs=POSITIVE,
-    cpu_epochs=POSITIVE, cpu_ner_epochs=POSITIVE, cpu_seeds=POSITIVE, cpu_learning_rate=POSITIVE,
+    dropout=PROPORTION, grad_clip=NON_NEGATIVE_FLOAT, probe_lr=POSITIVE_FLOAT,
+    probe_epochs=POSITIVE, cpu_epochs=POSITIVE, cpu_ner_epochs=POSITIVE, cpu_seeds=POSITIVE,
+    cpu_learning_rate=POSITIVE_FLOAT,
     task_seed=NON_NEGATIVE, max_train=NON_NEGATIVE, max_eval=NON_NEGATIVE,
-    pos_weight=(is_pos_weight, "none | auto | a number > 0"), device=detour.DEVICE,
+    pos_weight=(is_pos_weight, "none | auto | a finite number > 0"), device=detour.DEVICE,
     dtype=detour.DTYPE, bootstrap_samples=POSITIVE,
     shard=(is_shard, "i/n with 0 <= i < n (e.g. 0/4), or \"\" for every cell"),
+    protocol=detour.one_of("", *PRESETS), first_seed=NON_NEGATIVE,
+    selection=(is_selection, f"kind=metric,..., each kind once ({SELECTABLE})"),
+    ner_mode=detour.one_of("default", "strict"),
     out_dir=detour.NOT_A_FILE, tasks_dir=detour.NOT_A_FILE)
 
 # ---- Statistics of a comparison. The unit is one (task, pretraining replicate) pair: A's mean over
@@ -249,15 +296,28 @@ def probe_features(protocol, model, task):
     return feats
 
 def evaluate(protocol, task_model, task, split, feats, dev):
-    """Predict a split -> metrics dict (the task's main metric under `main`)."""
+    """Predict a split -> its predictions in the kept form (data/tasks.py). Logits that are not
+    finite (a diverged run) are an error: argmax or a threshold would turn them into a score."""
     kind = tasks.KINDS[task["kind"]]
     examples = task[split]
 
     def rows(idx):
         return task_model(head_inputs(task_model, examples, idx, feats, dev)).float()
-    metrics = kind.score(task, examples, per_example(protocol, task_model, examples, dev, rows,
-                                                     kind.per_token))
-    return dict(metrics, main=metrics[kind.main])
+    out = per_example(protocol, task_model, examples, dev, rows, kind.per_token)
+    if not all(bool(torch.isfinite(z).all()) for z in out):
+        fail(f"task {task['name']}: predictions on {split} are not finite (the run diverged); "
+             "lower --learning_rate (--probe_lr for a probe)")
+    return kind.predict(examples, out)
+
+def scoring_of(protocol, task):
+    """How a task's runs are scored -> dict(main: the metric that picks the epoch, --selection's
+    or the kind's; for NER seqeval's mode and the tags' scheme). Cells record it; another scoring
+    is computed again from their kept predictions."""
+    chosen = dict(item.split("=") for item in protocol.selection.split(",") if item)
+    scoring = dict(main=chosen.get(task["kind"], tasks.KINDS[task["kind"]].main))
+    if tasks.KINDS[task["kind"]].per_token:
+        scoring.update(ner_mode=protocol.ner_mode, scheme=task["scheme"])
+    return scoring
 
 # ---- Fine-tuning one (checkpoint, task, seed). ----
 def optimizer(protocol, task_model, frozen):
@@ -274,19 +334,45 @@ def scheduled_lr(peak, step, warm, total):
         return peak * (step + 1) / warm
     return peak * (total - step) / max(1, total - warm)
 
-def trained_weights(task_model, frozen):
-    """A copy of what training changes: everything, or for a probe only the classifier."""
-    return {k: v.detach().clone() for k, v in task_model.state_dict().items()
-            if not frozen or k.startswith("classifier.")}
+def train_epoch(protocol, task_model, task, feats, run):
+    """One epoch of batches -> its mean loss. `run`: the optimizer (opt, params, peak), the schedule
+    (step, warm, total), the batch order's RNG, pos_weight, the device, the bar, epoch and desc. A
+    loss that is not finite (a diverged run) is an error, not a run trained on NaN."""
+    kind = tasks.KINDS[task["kind"]]
+    train = task["train"]
+    losses = []
+    for idx in tasks.train_order(train, run["order_rng"], protocol.batch_size):
+        task_model.train()
+        lr = scheduled_lr(run["peak"], run["step"], run["warm"], run["total"])
+        for group in run["opt"].param_groups:
+            group["lr"] = lr
+        with autocast(protocol, run["dev"]):
+            logits = task_model(head_inputs(task_model, train, idx, feats, run["dev"]))
+        batch_targets = tasks.targets(kind, [train[i] for i in idx], run["dev"])
+        loss = kind.loss(logits.float(), batch_targets, run["pos_weight"])
+        run["opt"].zero_grad(set_to_none=True)
+        loss.backward()
+        if protocol.grad_clip:
+            torch.nn.utils.clip_grad_norm_(run["params"], protocol.grad_clip)
+        run["opt"].step()
+        run["step"] += 1
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]):
+            fail(f"{run['desc']}: the training loss is {losses[-1]} at epoch {run['epoch']}, "
+                 f"step {run['step']} (the run diverged); lower --learning_rate (--probe_lr for a "
+                 "probe)")
+        run["bar"].update(1)
+        run["bar"].set_postfix(epoch=run["epoch"], loss=f"{losses[-1]:.3f}")
+    return float(np.mean(losses))
 
 def finetune_one(protocol, model, task, seed, feats=None, desc=""):
     """Fine-tune a fresh copy of `model`'s encoder (for a probe task: a head on the frozen encoder,
-    on `feats` = probe_features if given, shared across seeds) with `seed`; the epoch with the best
-    dev main metric is tested. -> dict(dev, test: metrics, epoch, losses: mean loss per epoch)"""
+    on `feats` = probe_features if given, shared across seeds) with `seed`; dev and test are
+    predicted after every epoch and kept; the epoch with the best dev main metric is the run's
+    (tasks.score). -> dict(dev, test: metrics, epoch, losses: mean loss per epoch, predictions)"""
     dev = get_device(protocol)
     kind = tasks.KINDS[task["kind"]]
     frozen = task["probe"] or protocol.probe
-    train = task["train"]
     torch.manual_seed(seed)  # the classifier's init and dropout; the batch order has its own RNG
     n_out = 1 if kind.one_output else len(task["labels"])
     # a fresh copy of the encoder per seed; a probe shares the loaded one (run once: probe_features)
@@ -297,60 +383,59 @@ def finetune_one(protocol, model, task, seed, feats=None, desc=""):
         feats = dict.fromkeys(("train", "dev", "test"))
     elif not feats:
         feats = probe_features(protocol, model, task)
-    pos_weight = tasks.pos_weights(protocol, train, n_out, dev) if kind.weighted else None
+    pos_weight = tasks.pos_weights(protocol, task["train"], n_out, dev) if kind.weighted else None
     opt, params, peak = optimizer(protocol, task_model, frozen)
     n_epochs = protocol.probe_epochs if frozen else getattr(protocol, kind.epochs)
-    per_epoch = math.ceil(len(train) / protocol.batch_size)
+    per_epoch = math.ceil(len(task["train"]) / protocol.batch_size)
     total = n_epochs * per_epoch
-    warm = max(1, int(protocol.warmup_ratio * n_epochs * per_epoch))
-    order_rng = random.Random(seed)
-    best = None
-    step = 0
-    losses = []
     bar = tqdm(total=total, desc=desc, disable=not protocol.progress, leave=False,
                dynamic_ncols=True)
+    run = dict(opt=opt, params=params, peak=peak, step=0, total=total, dev=dev, bar=bar,
+               warm=max(1, int(protocol.warmup_ratio * n_epochs * per_epoch)),
+               order_rng=random.Random(seed), pos_weight=pos_weight, desc=desc or task["name"])
+    kept = dict(labels=task["labels"], dev=tasks.kept_gold(task, "dev"),
+                test=tasks.kept_gold(task, "test"))
+    predicted = dict(dev=[], test=[])
+    losses = []
     for epoch in range(1, n_epochs + 1):
-        epoch_loss = []
-        for idx in tasks.train_order(train, order_rng, protocol.batch_size):
-            task_model.train()
-            lr = scheduled_lr(peak, step, warm, total)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            with autocast(protocol, dev):
-                logits = task_model(head_inputs(task_model, train, idx, feats["train"], dev))
-            batch_targets = tasks.targets(kind, [train[i] for i in idx], dev)
-            loss = kind.loss(logits.float(), batch_targets, pos_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if protocol.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, protocol.grad_clip)
-            opt.step()
-            step += 1
-            epoch_loss.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{epoch_loss[-1]:.3f}")
-        losses.append(float(np.mean(epoch_loss)))
-        metrics = evaluate(protocol, task_model, task, "dev", feats["dev"], dev)
-        if best is None or metrics["main"] > best["dev"]["main"]:
-            best = dict(dev=metrics, epoch=epoch, state=trained_weights(task_model, frozen))
+        run["epoch"] = epoch
+        losses.append(train_epoch(protocol, task_model, task, feats["train"], run))
+        for split, preds in predicted.items():
+            preds.append(evaluate(protocol, task_model, task, split, feats[split], dev))
     bar.close()
-    task_model.load_state_dict(best["state"], strict=not frozen)
-    test = evaluate(protocol, task_model, task, "test", feats["test"], dev)
-    return dict(dev=best["dev"], test=test, epoch=best["epoch"], losses=losses)
+    for split, preds in predicted.items():
+        kept[split]["pred"] = np.stack(preds)
+    result = dict(tasks.score(task["kind"], kept, scoring_of(protocol, task)), losses=losses)
+    return dict(result, predictions=kept)
 
 # ---- The comparison: every checkpoint x task x seed, then the tables. ----
+def seed_list(protocol):
+    return list(range(protocol.first_seed, protocol.first_seed + protocol.seeds))
+
 def mean_std(xs):
     """dict(mean, std): the sample standard deviation, 0 for a single run."""
     xs = np.asarray(xs, float)
     return dict(mean=float(xs.mean()), std=float(xs.std(ddof=1)) if len(xs) > 1 else 0.0)
 
+def resolved(path):
+    """The directory a checkpoint path names: its HF directory (X and X/hf are one checkpoint), the
+    spelling (X/, ./X) and links resolved."""
+    for directory in (path, os.path.join(path, "hf")):
+        if os.path.exists(os.path.join(directory, "config.json")):
+            return os.path.realpath(directory)
+    return os.path.realpath(path)
+
 def arms_of(ckpt_paths):
-    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, paired)."""
+    """Checkpoints grouped into arms: a path, a list of paths or "A1+A2" (replicates, paired). One
+    checkpoint named twice (X,X/: their cells would be one file) is an error."""
     arms = [list(arm) if isinstance(arm, (list, tuple)) else [q for q in arm.split("+") if q]
             for arm in ckpt_paths]
-    flat = [path for arm in arms for path in arm]
-    if len(set(flat)) != len(flat):
-        fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}")
+    seen = {}
+    for path in [path for arm in arms for path in arm]:
+        if resolved(path) in seen:
+            fail(f"a checkpoint is listed twice in {','.join('+'.join(a) for a in arms)}: "
+                 f"{seen[resolved(path)]} and {path} are {resolved(path)}; list each once")
+        seen[resolved(path)] = path
     if len({len(arm) for arm in arms[:2]}) > 1:  # compared replicate by replicate
         fail(f"{'+'.join(arms[0])} and {'+'.join(arms[1])} have different numbers of replicates; "
              "pair them one to one")
@@ -380,7 +465,7 @@ def arm_scores(protocol, arm, names, result):
     """One arm's scores from result[(checkpoint, task, seed)] -> {task: dict(runs, mean, std,
     replicate_means), "average": dict(mean, std, per_run)}; runs in the order replicate, seed."""
     scores = {n: dict(runs=[dict(replicate=rep, checkpoint=ckpt, seed=seed, **result[ckpt, n, seed])
-                            for rep, ckpt in enumerate(arm) for seed in range(protocol.seeds)])
+                            for rep, ckpt in enumerate(arm) for seed in seed_list(protocol)])
               for n in names}
     for score in scores.values():
         mains = [r["test"]["main"] for r in score["runs"]]
@@ -407,12 +492,18 @@ def checkpoint_files(ckpt):
 
 def grid_cells(protocol, arms, task_specs):
     """Read and check every task and checkpoint (all errors before any training) -> the cells in
-    the order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, identity)"""
-    read = {name: tasks.read_task(name, kind, path, frozen)
-            for name, kind, path, frozen in task_specs}
+    the order arm, replicate, task, seed: dict(key, checkpoint, task, seed, read, file, preds (its
+    kept predictions), identity, scoring)"""
+    read = {spec[0]: tasks.read_task(*spec) for spec in task_specs}
+    for task in read.values():  # strict scoring: gold that the scheme does not allow is an error
+        if "scheme" in task and protocol.ner_mode == "strict":
+            tasks.check_strict(task)
     data = {name: dict(kind=kind, probe=frozen or protocol.probe,
                        files=tasks.digest(f for f, _ in read[name]["raw"].values()))
-            for name, kind, _, frozen in task_specs}
+            for name, kind, _, frozen, _ in task_specs}
+    for name, *_, max_len in task_specs:
+        if max_len:  # a length of its own (name=kind:path@N)
+            data[name]["max_len"] = max_len
     digest = {ckpt: detour.load_encoder(ckpt) and tasks.digest(checkpoint_files(ckpt))
               for arm in arms for ckpt in arm}  # each checkpoint loaded: checked
     settings = {k: getattr(protocol, k) for k in REPORTED}
@@ -420,11 +511,26 @@ def grid_cells(protocol, arms, task_specs):
     def cell_file(ckpt, name, seed):
         return os.path.join(protocol.out_dir, "cells", slug(os.path.normpath(ckpt)),
                             f"{slug(name)}.seed{seed}.json")
-    return [dict(key=(ckpt, name, seed), checkpoint=ckpt, task=name, seed=seed, read=read[name],
-                 file=cell_file(ckpt, name, seed),
-                 identity=dict(protocol=settings, checkpoint=digest[ckpt], task=data[name]))
-            for arm in arms for ckpt in arm for name, *_ in task_specs
-            for seed in range(protocol.seeds)]
+    cells = [dict(key=(ckpt, name, seed), checkpoint=ckpt, task=name, seed=seed, read=read[name],
+                  file=cell_file(ckpt, name, seed),
+                  preds=cell_file(ckpt, name, seed)[:-len(".json")] + ".preds.npz",
+                  identity=dict(protocol=settings, checkpoint=digest[ckpt], task=data[name]),
+                  scoring=scoring_of(protocol, read[name]))
+             for arm in arms for ckpt in arm for name, *_ in task_specs
+             for seed in seed_list(protocol)]
+    return one_file_each(cells)
+
+def one_file_each(cells):
+    """Two cells with one file (names that differ only where slug maps to "_": a/b and a_b) would
+    overwrite each other's result, the grid never whole: an error."""
+    first = {}
+    for cell in cells:
+        other = first.setdefault(cell["file"], cell)
+        if other is not cell:
+            fail(f"{other['checkpoint']} {other['task']} and {cell['checkpoint']} {cell['task']} "
+                 f"would share the cell file {cell['file']}; rename a checkpoint directory or task "
+                 "so that their names differ in letters, digits, - or _")
+    return cells
 
 def changes(old, new):
     """Why a cell made with identity `old` differs from `new`: the settings and files changed."""
@@ -434,8 +540,9 @@ def changes(old, new):
     return "made with " + ", ".join(settings + files)
 
 def cells_done(cells, quiet=False):
-    """{key: result} of the cells whose JSON is there, complete and of the cell's identity; other
-    files (corrupt, or of another protocol, checkpoint or task data): named, a line per reason."""
+    """{key: saved JSON} of the cells whose JSON is there, complete and of the cell's identity;
+    other files (corrupt, or of another protocol, checkpoint or task data): named, a line per
+    reason."""
     done = {}
     skipped = {}
     for cell in cells:
@@ -453,7 +560,7 @@ def cells_done(cells, quiet=False):
             old = None
             why = "not a complete cell result (corrupt?)"
         if old == cell["identity"]:
-            done[cell["key"]] = result
+            done[cell["key"]] = saved
         else:
             skipped.setdefault(why, []).append(cell["file"])
     for why, files in skipped.items() if not quiet else ():
@@ -510,8 +617,9 @@ def run_cell(protocol, cell, model, task, feats, dev):
     start = time.time()
     desc = f"{os.path.basename(cell['checkpoint'].rstrip('/'))} {cell['task']} seed {cell['seed']}"
     result = finetune_one(protocol, model, task, cell["seed"], feats, desc=desc)
+    tasks.write_kept(cell["preds"], result.pop("predictions"))  # first: the JSON vouches for them
     saved = dict({k: cell[k] for k in ("checkpoint", "task", "seed", "identity")},
-                 device=str(dev), result=result)
+                 device=str(dev), result=result, scoring=cell["scoring"])
     detour.atomic_write(cell["file"], lambda f: f.write(json.dumps(saved, indent=1).encode()))
     print(f"{cell['checkpoint']} {cell['task']} seed {cell['seed']}: "
           f"dev {100 * result['dev']['main']:.2f} test {100 * result['test']['main']:.2f} "
@@ -530,8 +638,8 @@ def run(protocol, ckpt_paths, task_specs, report="results", note=""):
     shard, n = (int(x) for x in (protocol.shard or "0/1").split("/"))
     if not protocol.merge:
         run_cells(protocol, cells[shard::n], f"shard {shard}/{n} of {len(cells)} cells")
-    result = cells_done(cells)
-    missing = [cell["file"] for cell in cells if cell["key"] not in result]
+    saved = cells_done(cells)
+    missing = [cell["file"] for cell in cells if cell["key"] not in saved]
     if missing:
         listed_files = ", ".join(missing[:3]) + ", ..." * (len(missing) > 3)
         what = f"{len(missing)} of {len(cells)} cells not done ({listed_files})"
@@ -539,20 +647,73 @@ def run(protocol, ckpt_paths, task_specs, report="results", note=""):
             fail(f"{what}; run every shard first (the same command without --merge true)")
         return print(f"{what}; the process that finishes the last one writes {report}.md "
                      "(or: --merge true)")
-    read = {cell["task"]: cell["read"] for cell in cells}
-    results = dict(checkpoints=["+".join(arm) for arm in arms], seeds=list(range(protocol.seeds)),
-                   tasks=[dict(name=name, kind=kind, path=path, main=tasks.KINDS[kind].main,
-                               probe=frozen or protocol.probe, labels=read[name]["labels"])
-                          for name, kind, path, frozen in task_specs],
-                   scores={}, protocol=cells[0]["identity"]["protocol"])
+    results = grid_results(protocol, arms, task_specs, cells, rescored(cells, saved))
     if note:
         results["note"] = note
+    if len(arms) >= 2:
+        names = [spec[0] for spec in task_specs]
+        compare(results, names, *results["checkpoints"][:2], samples=protocol.bootstrap_samples)
+    return write_report(protocol, report, results, markdown(results, protocol.bootstrap_samples))
+
+def grid_results(protocol, arms, task_specs, cells, result):
+    """The results of a whole grid, {key: result} of every cell -> dict(checkpoints, seeds, tasks,
+    scores, protocol[, preset]), the comparison still to add."""
+    first = {cell["task"]: cell for cell in cells}  # a cell of each task: its scoring and labels
+    results = dict(checkpoints=["+".join(arm) for arm in arms], seeds=seed_list(protocol),
+                   tasks=[dict(name=name, kind=kind, path=path, main=first[name]["scoring"]["main"],
+                               probe=frozen or protocol.probe, labels=first[name]["read"]["labels"],
+                               max_len=max_len or protocol.max_len,
+                               scoring=first[name]["scoring"])
+                          for name, kind, path, frozen, max_len in task_specs],
+                   scores={}, protocol=cells[0]["identity"]["protocol"])
+    if protocol.protocol:
+        results["preset"] = protocol.protocol
     names = [spec[0] for spec in task_specs]
     for label, arm in zip(results["checkpoints"], arms):
         results["scores"][label] = arm_scores(protocol, arm, names, result)
-    if len(arms) >= 2:
-        compare(results, names, *results["checkpoints"][:2], samples=protocol.bootstrap_samples)
-    return write_report(protocol, report, results, markdown(results, protocol.bootstrap_samples))
+    return results
+
+# ---- Kept predictions (tasks.write_kept), next to each cell: <cell>.preds.npz. A finished grid is
+# scored again in another scoring (--selection, --ner_mode) without training: the run's epoch,
+# chosen on dev, may change with the metric; the weights never depended on it. ----
+def described(scoring):
+    return ", ".join(f"{k} {v}" for k, v in scoring.items())
+
+def read_kept(cell, made):
+    """A cell's kept predictions; none (a cell from before they were kept): an error naming the cell
+    and the scoring it was made in."""
+    try:
+        return tasks.read_kept(cell["preds"], f"delete it and {cell['file']} to run the cell again")
+    except FileNotFoundError:
+        fail(f"{cell['file']} was scored with {described(made)}, and {cell['preds']} is not there "
+             "(a cell made before predictions were kept); score as it was made, or delete the cell "
+             "to run it again")
+
+def made_with(cell, saved):
+    """The scoring a done cell's result was made in; a cell from before cells recorded it was
+    scored in each kind's main metric and seqeval's default mode, reading tags as IOB2."""
+    if "scoring" in saved:
+        return saved["scoring"]
+    old = dict(main=tasks.KINDS[cell["read"]["kind"]].main)
+    if "scheme" in cell["scoring"]:
+        old.update(ner_mode="default", scheme="IOB2")
+    return old
+
+def rescored(cells, saved):
+    """{key: result} of the done cells in their scoring: the saved result when it was made in it,
+    else tasks.score of the kept predictions (no training; the losses stay), said in one line."""
+    again = [cell for cell in cells if made_with(cell, saved[cell["key"]]) != cell["scoring"]]
+    if again:
+        made = described(made_with(again[0], saved[again[0]["key"]]))
+        print(f"note: {len(again)} of {len(cells)} cells made in another scoring (the first: "
+              f"{made}; now {described(again[0]['scoring'])}), scored again from their kept "
+              "predictions")
+    result = {cell["key"]: saved[cell["key"]]["result"] for cell in cells}
+    for cell in again:
+        kept = read_kept(cell, made_with(cell, saved[cell["key"]]))
+        score = tasks.score(cell["read"]["kind"], kept, cell["scoring"])
+        result[cell["key"]] = dict(score, losses=result[cell["key"]]["losses"])
+    return result
 
 # ---- The report. ----
 def md_table(head, rows):
@@ -605,6 +766,19 @@ def statistics_text(results, replicates, bootstrap_samples):
             "Smallest average difference this design detects (80% power, one-sided 5%, from the "
             f"units' spread): {100 * results['detectable_difference']:.1f} points.")
 
+def scoring_text(results):
+    """Each task's scoring: the metric that picks its runs' epochs (and is reported), and for NER
+    seqeval's mode and the tags' scheme."""
+    def one(task):
+        scoring = task.get("scoring", dict(main=task["main"]))
+        entities = ""
+        if "scheme" in scoring:
+            mode = scoring["ner_mode"]
+            entities = f", entities by seqeval's {mode} mode on {scoring['scheme']} tags"
+        return f"{task['name']} {scoring['main']}{entities}"
+    return ("Scoring (the dev metric that picks each run's epoch, its test score reported): "
+            + "; ".join(one(task) for task in results["tasks"]) + ".")
+
 def markdown(results, bootstrap_samples):
     """The results as markdown: the main table, then per-group accuracy for tasks with groups."""
     names = [t["name"] for t in results["tasks"]]
@@ -616,6 +790,7 @@ def markdown(results, bootstrap_samples):
     lines += ["", f"Test-set scores in %, mean ± std over all runs ({replicates} pretraining "
               f"replicate(s) x seeds {results['seeds']}); each run's epoch is chosen on dev. "
               "average: the mean over tasks of each run, then mean ± std over runs."]
+    lines += ["", scoring_text(results)]
     if "difference" in results:
         lines += ["", statistics_text(results, replicates, bootstrap_samples)]
     for name in names:
@@ -659,25 +834,84 @@ def array_shard():
     return f"{int(array['ID']) - int(array['MIN'])}/{array['COUNT']}"
 
 def protocol_of(argv, protocol_class=Protocol, rules=RULES, prog="finetune.py"):
-    """The command line -> (a protocol_class: defaults, --key overrides, a SLURM array's shard,
-    checked before anything is read or written; {key: value given})."""
+    """The command line -> (a protocol_class: defaults, a --protocol preset, --key overrides (they
+    win), a SLURM array's shard, checked before anything is read or written; {key: value given})."""
     settings = asdict(protocol_class())
     given = detour.apply_overrides(settings, argv, prog, ("class Protocol", "\nCPU_DEFAULTS"))
     if "shard" not in given and "SLURM_ARRAY_TASK_COUNT" in os.environ:
         settings["shard"] = array_shard()
     detour.check(settings, rules, prog)
+    preset = {k: v for k, v in PRESETS.get(settings["protocol"], {}).items() if k not in given}
+    settings.update(preset)
+    if preset:
+        fields = ", ".join(f"{k} {v}" for k, v in preset.items())
+        print(f"protocol {settings['protocol']}: {fields} (an option given wins)")
     return protocol_class(**settings), given
 
 def cpu_default(protocol, given):
-    """On a CPU, the cpu_<key> values (see the Protocol) for the keys of CPU_DEFAULTS not given."""
-    if get_device(protocol).type != "cpu":
+    """On a CPU, the cpu_<key> values (see the Protocol) for the keys of CPU_DEFAULTS neither given
+    nor set by a --protocol preset."""
+    fixed = set(given) | set(PRESETS.get(protocol.protocol, {}))
+    shortened = {k: getattr(protocol, "cpu_" + k) for k in CPU_DEFAULTS if k not in fixed}
+    if get_device(protocol).type != "cpu" or not shortened:
         return protocol
-    protocol = replace(protocol, **{k: getattr(protocol, "cpu_" + k)
-                                    for k in CPU_DEFAULTS if k not in given})
+    protocol = replace(protocol, **shortened)
     print(f"CPU default: {protocol.epochs} epochs ({protocol.ner_epochs} for NER), "
           f"{protocol.seeds} seeds, lr {protocol.learning_rate:g} (paper: 10 / 20 epochs, 5 seeds, "
           "5e-5; set --epochs/--ner_epochs/--seeds/--learning_rate to change)")
     return protocol
+
+DEFAULT_TASK_OPTIONS = ("task_seed", "ner_sizes", "notes_sizes", "needle_per_cell",
+                        "needle_lengths", "needle_positions", "rebuild_tasks", "tasks_dir",
+                        "pretrain_dir")  # they build the default tasks (tasks.build_default_tasks)
+
+def idle_rules(protocol, specs, arms):
+    """(option, whether it acts on nothing in this run, why) for the options that may. In a --merge
+    the protocol's settings (REPORTED) act by choosing the cells (their identity holds them);
+    elsewhere where something trains with them."""
+    trains = not protocol.merge
+    probed = {kind for _, kind, _, frozen, _ in specs if frozen or protocol.probe}
+    tuned = {kind for _, kind, _, frozen, _ in specs if not (frozen or protocol.probe)}
+    chosen = {item.partition("=")[0] for item in protocol.selection.split(",") if item}
+    missing = ", ".join(sorted(chosen - probed - tuned))
+    few = len(arms) < 2 or len(specs) * len(arms[0]) < BOOTSTRAP_UNITS
+    default = "default" in [item.strip() for item in protocol.tasks.split(",")]
+    return [
+        ("epochs", trains and not tuned - {"ner"}, "no cls, multilabel or regression task trains"),
+        ("ner_epochs", trains and "ner" not in tuned, "no NER task is fine-tuned"),
+        ("learning_rate", trains and not tuned, "every task is a probe: --probe_lr"),
+        ("probe_lr", trains and not probed, "no task is probed"),
+        ("probe_epochs", trains and not probed, "no task is probed"),
+        ("probe", all(spec[3] for spec in specs), "every task is a probe already (+probe)"),
+        ("pos_weight", trains and "multilabel" not in probed | tuned, "no multilabel task"),
+        ("pooling", trains and probed | tuned == {"ner"}, "NER tasks alone pool nothing"),
+        ("max_len", trains and all(spec[4] for spec in specs), "every task has its own @N"),
+        ("ner_mode", "ner" not in probed | tuned, "no NER task"),
+        ("selection", bool(missing), f"no {missing} task"),
+        ("bootstrap_samples", few, f"no bootstrap below two arms and {BOOTSTRAP_UNITS} units"),
+        # a merge takes its grid's command line (device, dtype, progress: the cells' own), and
+        # merges every cell
+        ("shard", protocol.merge, "--merge true merges every shard's cells"),
+    ] + [
+        (key, not default, "no default task (--tasks default)") for key in DEFAULT_TASK_OPTIONS]
+
+def idle_options(protocol, given, specs, arms):
+    """The options given that act on nothing in this run -> {key: why}; cpu_<key> acts where
+    <key> would, on a CPU, when <key> is neither given nor set by the preset."""
+    rules = idle_rules(protocol, specs, arms)
+    idle = {key: why for key, is_idle, why in rules if is_idle}
+    fixed = set(given) | set(PRESETS.get(protocol.protocol, {}))
+    for key in CPU_DEFAULTS:
+        if get_device(protocol).type != "cpu" or key in fixed:
+            idle["cpu_" + key] = f"--{key} is set, or this is not a CPU"
+        elif key in idle:
+            idle["cpu_" + key] = idle[key]
+    return {key: idle[key] for key in given if key in idle}
+
+def refuse_idle(idle):
+    """The first option given that acts on nothing: one line (the record is the truth)."""
+    for key, why in idle.items():
+        fail(f"--{key} does not act in this run ({why}); drop it")
 
 def listed(ckpts):
     """--ckpts -> its checkpoints ("A1+A2": replicates of one arm)."""
@@ -694,6 +928,12 @@ def main(argv=None):
              "or pass --ckpts")
     for q in [q for q in paths if q not in found]:
         print(f"note: {q} not found, skipped")
+    specs = tasks.parse_tasks(protocol.tasks, protocol.tasks_dir)
+    refuse_idle(idle_options(protocol, given, specs, arms_of(found)))
+    if protocol.protocol == "paper-fr" and "ner" in [spec[1] for spec in specs]:
+        print("note: the French paper's NER (QUAERO) used a nested-NER span head (biaffine, 4,000 "
+              "steps, head lr 1e-3); finetune.py trains a token classifier on flat tags: its NER "
+              "rows are not the paper's (docs/finetuning.md)")
     return run(protocol, found, protocol.tasks)
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ The default tasks are built from world.py with seeds other than the pretraining 
           text (text_b)? Accuracy is also reported by position (start/middle/end) and length.
 An example whose text occurs verbatim in the pretraining text is dropped (and counted).
 finetune.py reads and checks every task before anything trains (read_task), encodes each per
-tokenizer (encode_task), batches it (train_order, pad_batch), scores predictions with its kind's
-metrics (KINDS) and records the files' digest with each result (digest).
+tokenizer (encode_task), batches it (train_order, pad_batch), keeps each epoch's predictions as
+arrays (kept_gold, KINDS' predict, write_kept), scores them in a scoring (score: the kind's metrics,
+seqeval's modes for NER) and records the files' digest with each result (digest).
 """
 import hashlib
 import json
@@ -24,7 +25,8 @@ import math
 import os
 import random
 import re
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -42,9 +44,10 @@ SPLIT_NAMES = {"train": ("train",), "dev": ("dev", "devel"), "test": ("test",)}
 # ----------------------------------------------------------------------------------------
 def _tsv_number(cell):
     try:
-        return float(cell)
+        value = float(cell)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None  # nan, inf: no score can be computed from them
 
 
 def _tsv_labels(cell):
@@ -66,7 +69,8 @@ def _json_labels(value):
 
 
 def _json_number(value):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """A finite number; JSON's NaN and Infinity (which Python's json reads) are refused."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
 
@@ -78,7 +82,7 @@ def _tsv_cell(cell):
 LABELS = {
     "cls": (_json_class, _tsv_cell, "a string"),
     "multilabel": (_json_labels, _tsv_labels, "a list of strings"),
-    "regression": (_json_number, _tsv_number, "a number"),
+    "regression": (_json_number, _tsv_number, "a finite number"),
 }
 
 
@@ -160,7 +164,7 @@ def read_jsonl(path, kind):
         label = LABELS[kind][0](d["label"])
         if label is None:
             fail(f"{where}: label should be {LABELS[kind][2]} for a {kind} task, "
-                 f"got {d['label']!r}")
+                 f"got {d['label']!r}; fix that line")
         groups = d.get("group", [])
         out.append(dict(text=text, text_b=text_b, label=label,
                         groups=[groups] if isinstance(groups, str) else list(groups), line=n))
@@ -194,7 +198,7 @@ def read_tsv(path, kind):
             fail(f"{where}: {len(cells)} columns, the header has {len(header)}")
         label = LABELS[kind][1](cells[lab])
         if label is None:
-            fail(f"{where}: label should be {LABELS[kind][2]}, got {cells[lab]!r}")
+            fail(f"{where}: label should be {LABELS[kind][2]}, got {cells[lab]!r}; fix that line")
         out.append(dict(text=cells[t], text_b=cells[tb] if tb is not None else None,
                         label=label, groups=[], line=n))
     return out
@@ -209,10 +213,11 @@ def read_split(directory, split, kind):
     return path, (read_jsonl(path, kind) if path.endswith(".jsonl") else read_tsv(path, kind))
 
 
-def read_task(name, kind, path, frozen=False):
+def read_task(name, kind, path, frozen=False, max_len=0):
     """Read one task's train/dev/test and check them before any tokenizer or training (finetune.py
-    reads every task first): every label must occur in the training split (the label set).
-    -> dict(name, kind, path, labels, probe, raw={split: (file, examples)})"""
+    reads every task first): every label must occur in the training split (the label set); NER tags
+    must be of a scheme entity_spans reads (tag_scheme). max_len: the task's own (0: --max_len).
+    -> dict(name, kind, path, labels, probe, raw={split: (file, examples)}, max_len[, scheme])"""
     if kind not in KINDS:
         fail(f"task {name}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
     kind_spec = KINDS[kind]
@@ -231,7 +236,11 @@ def read_task(name, kind, path, frozen=False):
                     fail(f"{file}:{n}: {what} {lab!r} does not occur in the training split")
     if len(labels) < kind_spec.min_labels:
         fail(f"task {name}: the training split has a single label {labels}; nothing to classify")
-    return dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw)
+    task = dict(name=name, kind=kind, path=path, labels=labels, probe=frozen, raw=raw,
+                max_len=max_len)
+    if kind_spec.per_token:
+        task["scheme"] = tag_scheme(raw)
+    return task
 
 
 def digest(paths):
@@ -302,6 +311,7 @@ def encode_task(p, task, tokenizer):
     finetune_one takes."""
     kind = KINDS[task["kind"]]
     index = {label: i for i, label in enumerate(task["labels"])}
+    p = replace(p, max_len=task["max_len"] or p.max_len)  # the task's own, when it has one
 
     def encode_example(ex):  # -> (encoded example, truncated)
         if kind.per_token:
@@ -322,7 +332,8 @@ def encode_task(p, task, tokenizer):
         splits[split] = out
     if n_trunc:
         print(f"{task['name']}: {n_trunc} examples truncated to max_len={p.max_len} tokens")
-    return dict({k: task[k] for k in ("name", "kind", "path", "labels", "probe")}, **splits)
+    kept = ("name", "kind", "path", "labels", "probe", "max_len", "scheme")
+    return dict({k: task[k] for k in kept if k in task}, **splits)
 
 
 # ----------------------------------------------------------------------------------------
@@ -383,39 +394,57 @@ def pos_weights(p, train, n_out, dev):
 
 
 # ----------------------------------------------------------------------------------------
-# Scoring: each kind's metrics, written out so that their definitions are visible.
+# Scoring: each kind's metrics, written out so that their definitions are visible
+# (tests/test_scoring.py checks them against seqeval, scikit-learn and scipy).
 # ----------------------------------------------------------------------------------------
 def _f1(tp, fp, fn):
     return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
 
 
+def weighted(f1s, support):
+    """F1s averaged with weights support (gold counts), as scikit-learn's weighted average; 0 when
+    nothing is in gold (its zero_division 0)."""
+    support = np.asarray(support, float)
+    return float(np.dot(f1s, support) / support.sum()) if support.sum() else 0.0
+
 
 def cls_metrics(gold, pred):
-    """Accuracy and macro F1 over the labels in gold or prediction (sklearn's default)."""
-    gold, pred = map(np.asarray, (gold, pred))
+    """Accuracy, and macro and weighted F1 over the labels in gold or prediction (sklearn's)."""
+    gold = np.asarray(gold)
+    pred = np.asarray(pred)
+    classes = np.union1d(gold, pred)
     f1s = [_f1(np.sum((pred == c) & (gold == c)), np.sum((pred == c) & (gold != c)),
-               np.sum((pred != c) & (gold == c))) for c in np.union1d(gold, pred)]
-    return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)))
+               np.sum((pred != c) & (gold == c))) for c in classes]
+    return dict(macro_f1=float(np.mean(f1s)), accuracy=float(np.mean(gold == pred)),
+                weighted_f1=weighted(f1s, [np.sum(gold == c) for c in classes]))
 
 
 def multilabel_metrics(gold, pred):
     """gold, pred (N, L) 0/1: micro F1 pools all decisions; macro F1 averages labels (one never
-    seen: 0, as sklearn)."""
+    seen: 0, as sklearn); weighted F1 weighs each label by its gold count."""
     gold = np.asarray(gold, bool)
     pred = np.asarray(pred, bool)
     tp = (pred & gold).sum(0)
     fp = (pred & ~gold).sum(0)
     fn = (~pred & gold).sum(0)
-    return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()),
-                macro_f1=float(np.mean([_f1(*c) for c in zip(tp, fp, fn)])))
+    f1s = [_f1(*c) for c in zip(tp, fp, fn)]
+    return dict(micro_f1=_f1(tp.sum(), fp.sum(), fn.sum()), macro_f1=float(np.mean(f1s)),
+                weighted_f1=weighted(f1s, gold.sum(0)))
+
+
+def finite(*arrays):
+    return all(bool(np.isfinite(np.asarray(a, float)).all()) for a in arrays)
 
 
 def pearson(x, y):
+    """Pearson's r; nan when a value is not finite (no score hides it); 0.0 when one side is
+    constant (no linear relation to find; scipy says nan): a run stays comparable with others."""
+    if not finite(x, y):
+        return float("nan")
     x = np.asarray(x, float) - np.mean(x)
     y = np.asarray(y, float) - np.mean(y)
     denom = math.sqrt(float((x * x).sum() * (y * y).sum()))
     return float((x * y).sum() / denom) if denom > 0 else 0.0
-
 
 
 def ranks(x):
@@ -425,35 +454,75 @@ def ranks(x):
     return (np.searchsorted(s, x, "left") + np.searchsorted(s, x, "right") + 1) / 2
 
 
-
 def regression_metrics(gold, pred):
+    """Pearson, Spearman (Pearson of the ranks) and MSE; all nan when a value is not finite."""
+    if not finite(gold, pred):
+        return dict.fromkeys(("pearson", "spearman", "mse"), float("nan"))
     return dict(pearson=pearson(gold, pred), spearman=pearson(ranks(gold), ranks(pred)),
                 mse=float(np.mean((np.asarray(gold) - np.asarray(pred)) ** 2)))
 
 
+# Entities of a sentence's tags, as seqeval finds them, in its two modes. A tag is O or a prefix,
+# "-" and a type: IOB2 (BIO) has B- (begins an entity) and I- (inside it); IOBES adds E- (ends it)
+# and S- (a one-word entity).
+SCHEMES = {"IOB2": "BI", "IOBES": "BIES"}
+TAG = re.compile(r"O|[BIES]-.+")
+
+
 def entity_spans(tags):
-    """BIO tags -> [(type, start, end)], conlleval / seqeval default (non-strict) rules:
-    an entity continues only with I- of the same type; anything else closes it; an I-X
-    that does not continue an X starts a new entity; the sentence end closes the last one."""
+    """seqeval's default mode (conlleval's rules) -> [(type, first, last)]. An entity ends after E-
+    or S-, and before B-, S-, O or a tag of another type; one begins at B-, S-, a type change, or an
+    I- or E- that continues nothing (after O, E- or S-); the sentence end closes the last one."""
     spans = []
-    start = None
-    kind = None
+    prev = "O"
+    prev_type = ""
+    start = 0
     for i, tag in enumerate(list(tags) + ["O"]):
-        prefix, _, typ = tag.partition("-")
-        if start is not None and not (prefix == "I" and typ == kind):
-            spans.append((kind, start, i - 1))
-            start = None
-        if prefix in ("B", "I") and start is None:
+        prefix = tag[0]
+        typ = tag[2:]
+        other_type = prev_type != typ
+        if prev in "ES" or (prev in "BI" and prefix in "BSO") or (prev != "O" and other_type):
+            spans.append((prev_type, start, i - 1))
+        if prefix in "BS" or (prev in "ESO" and prefix in "EI") or (prefix != "O" and other_type):
             start = i
-            kind = typ
+        prev = prefix
+        prev_type = typ
     return spans
 
 
+def strict_spans(tags, scheme):
+    """seqeval's strict mode: only the entities `scheme` allows -> [(type, first, last)]. IOB2: B-
+    then any I- of its type; IOBES: S- alone, or B-, any I-, then E-, all of one type. Anything else
+    (an I- after O, a B- never closed by E-) is no entity."""
+    spans = []
+    i = 0
+    while i < len(tags):
+        prefix = tags[i][0]
+        typ = tags[i][2:]
+        j = i + 1
+        while prefix == "B" and j < len(tags) and tags[j] == "I-" + typ:
+            j += 1
+        closed = prefix == "B" and j < len(tags) and tags[j] == "E-" + typ
+        if prefix == "S" or (prefix == "B" and scheme == "IOB2"):
+            spans.append((typ, i, j - 1))
+        elif closed and scheme == "IOBES":
+            spans.append((typ, i, j))
+            j += 1
+        i = j
+    return spans
 
-def entity_f1(gold_seqs, pred_seqs):
-    """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1)."""
-    gold = {(s,) + e for s, tags in enumerate(gold_seqs) for e in entity_spans(tags)}
-    pred = {(s,) + e for s, tags in enumerate(pred_seqs) for e in entity_spans(tags)}
+
+def sentence_spans(tags, mode, scheme):
+    return entity_spans(tags) if mode == "default" else strict_spans(tags, scheme)
+
+
+def entity_f1(gold_seqs, pred_seqs, mode="default", scheme="IOB2"):
+    """Entity-level exact match (type and boundaries), micro over all sentences -> (p, r, f1);
+    entities found by seqeval's `mode` (default | strict, which needs the tags' scheme)."""
+    def entities(seqs):
+        return {(s,) + e for s, tags in enumerate(seqs) for e in sentence_spans(tags, mode, scheme)}
+    gold = entities(gold_seqs)
+    pred = entities(pred_seqs)
     tp = len(gold & pred)
     precision = tp / len(pred) if pred else 0.0
     recall = tp / len(gold) if gold else 0.0
@@ -461,45 +530,149 @@ def entity_f1(gold_seqs, pred_seqs):
     return precision, recall, f1
 
 
+def tag_scheme(raw):
+    """A NER task's splits -> its scheme: IOBES if a tag is E- or S-, else IOB2. A tag of no scheme
+    here (BILOU's U- and L-, a type without a prefix) is an error naming its line."""
+    scheme = "IOB2"
+    for file, rows in raw.values():
+        for ex in rows:
+            for tag, n in zip(ex["tags"], ex["lines"]):
+                if not TAG.fullmatch(tag):
+                    fail(f"{file}:{n}: tag {tag!r} is neither O nor B-, I-, E- or S- and a type "
+                         "(the IOB2 and IOBES schemes); convert the tags (BILOU: U- is S-, L- is "
+                         "E-)")
+                if tag[0] in "ES":
+                    scheme = "IOBES"
+    return scheme
 
-def group_accuracy(examples, gold, pred):
+
+def check_strict(task):
+    """Strict scoring drops what the scheme does not allow, in gold too: a dev or test
+    sentence whose gold tags hold such a sequence is an error (its entities would vanish)."""
+    for split in ("dev", "test"):
+        file, rows = task["raw"][split]
+        for ex in rows:
+            if entity_spans(ex["tags"]) != strict_spans(ex["tags"], task["scheme"]):
+                fail(f"{file}:{ex['lines'][0]}: this sentence's gold tags are not valid "
+                     f"{task['scheme']} (an I- or E- that continues no entity, a B- never "
+                     "closed); strict scoring would drop them: fix the tags, or score with "
+                     "--ner_mode default")
+
+
+def group_accuracy(groups, gold, pred):
     """Accuracy per group tag (the needle's [position, length]), by slot, then first appearance."""
-    slots = range(max(len(ex["groups"]) for ex in examples))
-    names = dict.fromkeys(ex["groups"][k] for k in slots for ex in examples
-                          if len(ex["groups"]) > k)
-    return {g: float(np.mean([gold[i] == pred[i] for i, ex in enumerate(examples)
-                              if g in ex["groups"]])) for g in names}
+    slots = range(max(len(g) for g in groups))
+    names = dict.fromkeys(g[k] for k in slots for g in groups if len(g) > k)
+    return {name: float(np.mean([gold[i] == pred[i] for i, g in enumerate(groups) if name in g]))
+            for name in names}
 
 
+# ----------------------------------------------------------------------------------------
+# Predictions as finetune.py keeps them (each epoch's, per cell, in a compact file), so that a
+# finished grid is scored again, in another scoring, without training: a split's gold and each
+# epoch's predictions as arrays. Class ids (cls), 0/1 rows (multilabel), values (regression), a
+# tag id per word (ner; -1: a word without a token of its own, cut or swallowed, read as O).
+# ----------------------------------------------------------------------------------------
+def cls_predict(examples, out):
+    return np.array([int(z.argmax()) for z in out])
 
-# Each kind's predictions (one logit row per example, per labeled word for NER) -> metrics.
+
+def multilabel_predict(examples, out):
+    return np.array([(z > 0).numpy() for z in out]).reshape(len(out), -1)
 
 
-def cls_score(task, examples, out):
-    gold = [ex["y"] for ex in examples]
-    pred = [int(z.argmax()) for z in out]
-    metrics = cls_metrics(gold, pred)
+def regression_predict(examples, out):
+    return np.array([float(z[0]) for z in out])
+
+
+def ner_predict(examples, out):
+    ids = []
+    for ex, z in zip(examples, out):
+        it = iter(z.argmax(-1).tolist())
+        ids += [next(it) if m else -1 for m in ex["mapped"]]
+    return np.array(ids, np.int32)
+
+
+def kept_gold(task, split):
+    """A split's gold in the kept form, with what scoring needs besides: the words per sentence
+    (ner), the examples' groups (cls, padded with "")."""
+    examples = task[split]
+    if KINDS[task["kind"]].per_token:
+        index = {tag: i for i, tag in enumerate(task["labels"])}
+        return dict(gold=np.array([index[t] for ex in examples for t in ex["tags"]], np.int32),
+                    lengths=np.array([len(ex["tags"]) for ex in examples], np.int32))
+    kept = dict(gold=np.array([ex["y"] for ex in examples]))
     if any(ex["groups"] for ex in examples):
-        metrics["groups"] = group_accuracy(examples, gold, pred)
+        width = max(len(ex["groups"]) for ex in examples)
+        kept["groups"] = np.array([ex["groups"] + [""] * (width - len(ex["groups"]))
+                                   for ex in examples])
+    return kept
+
+
+def write_kept(path, kept):
+    """A run's kept predictions (dict(labels, dev, test)) as one compressed .npz, no pickle: labels,
+    then <split>.<array>; atomic."""
+    flat = dict(labels=np.array(kept["labels"], dtype=str))
+    for split in ("dev", "test"):
+        flat.update({f"{split}.{name}": array for name, array in kept[split].items()})
+    atomic_write(path, lambda f: np.savez_compressed(f, **flat))
+
+
+def read_kept(path, fix):
+    """write_kept's file -> dict(labels, dev, test); FileNotFoundError when it is not there; a file
+    that cannot be read or lacks a split: one line, `fix` said."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            flat = {name: z[name] for name in z.files}
+    except FileNotFoundError:
+        raise  # the caller says what its absence means
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        fail(f"{path} is unreadable ({type(e).__name__}); {fix}")
+    kept = dict(labels=[str(x) for x in flat.pop("labels", [])], dev={}, test={})
+    for key, array in flat.items():
+        split, _, name = key.partition(".")
+        kept.setdefault(split, {})[name] = array
+    if not all({"gold", "pred"} <= set(kept[split]) for split in ("dev", "test")):
+        fail(f"{path} lacks dev or test predictions; {fix}")
+    return kept
+
+
+def cls_scores(split, pred, labels, scoring):
+    metrics = cls_metrics(split["gold"], pred)
+    if "groups" in split:
+        groups = [[g for g in row if g] for row in split["groups"].tolist()]
+        metrics["groups"] = group_accuracy(groups, split["gold"], pred)
     return metrics
 
 
-
-def multilabel_score(task, examples, out):
-    return multilabel_metrics([ex["y"] for ex in examples], [(z > 0).numpy() for z in out])
-
-
-def regression_score(task, examples, out):
-    return regression_metrics([ex["y"] for ex in examples], [float(z[0]) for z in out])
+def multilabel_scores(split, pred, labels, scoring):
+    return multilabel_metrics(split["gold"], pred)
 
 
-def ner_score(task, examples, out):
-    pred_tags = []
-    for ex, z in zip(examples, out):  # a word without a token of its own (mapped False) is O
-        it = iter(z.argmax(-1).tolist())
-        pred_tags.append([task["labels"][next(it)] if m else "O" for m in ex["mapped"]])
-    precision, recall, f1 = entity_f1([ex["tags"] for ex in examples], pred_tags)
+def regression_scores(split, pred, labels, scoring):
+    return regression_metrics(split["gold"], pred)
+
+
+def ner_scores(split, pred, labels, scoring):
+    """Entity F1 of the sentences' tags, in scoring's mode and scheme."""
+    cuts = np.cumsum(split["lengths"])[:-1]
+    gold = [[labels[i] for i in s] for s in np.split(split["gold"], cuts)]
+    tags = [[labels[i] if i >= 0 else "O" for i in s] for s in np.split(pred, cuts)]
+    precision, recall, f1 = entity_f1(gold, tags, scoring["ner_mode"], scoring["scheme"])
     return dict(f1=f1, precision=precision, recall=recall)
+
+
+def score(kind, kept, scoring):
+    """A run's kept predictions (labels, and per split gold and each epoch's predictions) ->
+    dict(dev, test, epoch): the first epoch with the best dev score of scoring's main metric (the
+    English paper's load_best_model_at_end), its dev and test metrics, that metric also as main."""
+    def metrics(split, epoch):
+        pred = kept[split]["pred"][epoch]
+        found = KINDS[kind].metrics(kept[split], pred, kept["labels"], scoring)
+        return dict(found, main=found[scoring["main"]])
+    dev = [metrics("dev", epoch) for epoch in range(len(kept["dev"]["pred"]))]
+    best = max(range(len(dev)), key=lambda epoch: (dev[epoch]["main"], -epoch))
+    return dict(dev=dev[best], test=metrics("test", best), epoch=best + 1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -507,8 +680,10 @@ def ner_score(task, examples, out):
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Kind:
-    main: str                 # the main metric
-    score: object             # (task, examples, logits per example) -> metrics
+    main: str                 # the main metric: picks the epoch on dev, reported on test
+    selectable: tuple         # the metrics finetune.py's --selection may make main (higher: better)
+    predict: object           # (examples, logits per example) -> predictions (kept form)
+    metrics: object           # (kept split, its predictions, label set, scoring) -> metrics
     loss: object              # (float logits, targets, pos_weight) -> loss
     target: torch.dtype       # of the training targets
     epochs: str               # the Protocol field that counts its epochs
@@ -521,7 +696,6 @@ class Kind:
     one_output: bool = False  # a single output (regression), else one per label
 
 
-
 def cross_entropy(z, y, pos_weight):
     return F.cross_entropy(z, y)
 
@@ -530,27 +704,27 @@ def multi_hot(label, index):
     return [1.0 if name in label else 0.0 for name in index]
 
 
-
 KINDS = {
     "cls": Kind(
-        main="macro_f1", score=cls_score, loss=cross_entropy, target=torch.long,
-        epochs="epochs",
+        main="macro_f1", selectable=("macro_f1", "weighted_f1", "accuracy"), predict=cls_predict,
+        metrics=cls_scores, loss=cross_entropy, target=torch.long, epochs="epochs",
         label_set=lambda rows: sorted({ex["label"] for ex in rows}), gold=lambda label: [label],
         y=lambda label, index: index[label], min_labels=2),
     "multilabel": Kind(
-        main="micro_f1", score=multilabel_score, target=torch.float, epochs="epochs",
-        weighted=True,
+        main="micro_f1", selectable=("micro_f1", "macro_f1", "weighted_f1"),
+        predict=multilabel_predict, metrics=multilabel_scores, target=torch.float,
+        epochs="epochs", weighted=True,
         loss=lambda z, y, pw: F.binary_cross_entropy_with_logits(z, y, pos_weight=pw),
         label_set=lambda rows: sorted({x for ex in rows for x in ex["label"]}),
         gold=lambda label: label, y=multi_hot),
     "regression": Kind(
-        main="pearson", target=torch.float, epochs="epochs", one_output=True,
-        label_set=lambda rows: [], score=regression_score,
-        loss=lambda z, y, pw: F.mse_loss(z[:, 0], y), gold=lambda label: [],
-        y=lambda label, index: label),
+        main="pearson", selectable=("pearson", "spearman"), predict=regression_predict,
+        metrics=regression_scores, target=torch.float, epochs="epochs", one_output=True,
+        label_set=lambda rows: [], loss=lambda z, y, pw: F.mse_loss(z[:, 0], y),
+        gold=lambda label: [], y=lambda label, index: label),
     "ner": Kind(
-        main="f1", score=ner_score, loss=cross_entropy, target=torch.long,
-        epochs="ner_epochs",
+        main="f1", selectable=("f1",), predict=ner_predict, metrics=ner_scores,
+        loss=cross_entropy, target=torch.long, epochs="ner_epochs",
         label_set=lambda rows: sorted({t for s in rows for t in s["tags"]}), per_token=True),
 }
 
@@ -563,8 +737,9 @@ SPEC = "ner=ner:{d}/ner,notes=cls:{d}/notes,needle=cls+probe:{d}/needle"
 
 
 def parse_tasks(spec, tasks_dir):
-    """finetune.py's --tasks, `name=kind[+probe]:path,...` with kind one of KINDS (and `default`:
-    SPEC, the tasks in tasks_dir) -> [(name, kind, path, probe)]."""
+    """finetune.py's --tasks, `name=kind[+probe]:path[@max_len],...` with kind one of KINDS (and
+    `default`: SPEC, the tasks in tasks_dir) -> [(name, kind, path, probe, max_len)]; max_len 0: the
+    task has none of its own (--max_len applies)."""
     out = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "default":
@@ -581,7 +756,12 @@ def parse_tasks(spec, tasks_dir):
                  f"(one of {', '.join(KINDS)}, optionally +probe)")
         if name == "average" or name in [t[0] for t in out]:
             fail(f"task name {name!r} is used twice or reserved; give every task its own name")
-        out.append((name, kind, path, mode == "probe"))
+        own = re.fullmatch(r"(.+)@(\d+)", path)  # a length of its own: path@4096
+        if own and int(own.group(2)) < 3:
+            fail(f"task {name}: max length @{own.group(2)} must be >= 3 ([CLS] a [SEP] b [SEP]); "
+                 "give a longer one")
+        path = own.group(1) if own else path
+        out.append((name, kind, path, mode == "probe", int(own.group(2)) if own else 0))
     if not out:
         fail("no tasks given")
     return out

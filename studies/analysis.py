@@ -53,13 +53,29 @@ PROG = "studies/analysis.py"
 # ----------------------------------------------------------------------------------------
 # cka: how differently two checkpoints represent the same sentences, layer by layer.
 # ----------------------------------------------------------------------------------------
+def centered(a):
+    """Columns minus their means, float64. Of inputs all the same, centering leaves rounding alone
+    (~1e-16 of them), on which CKA would compute a number: zeros instead."""
+    a = np.asarray(a, np.float64)
+    c = a - np.mean(a, 0)
+    return c if np.linalg.norm(c) > 1e-9 * np.linalg.norm(a) else np.zeros_like(c)
+
+
 def linear_cka(x, y):
     """Linear CKA (Kornblith et al., 2019) of two representations x (n, p), y (n, q) of the same n
     inputs: ||Y'X||^2 / (||X'X|| ||Y'Y||) of the centered columns; 1 = the same up to a rotation
     and a scale, near 0 = unrelated. Float64: the terms are fourth powers of the activations."""
-    x = np.asarray(x, np.float64) - np.mean(x, 0)
-    y = np.asarray(y, np.float64) - np.mean(y, 0)
-    return float(np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)))
+    x = centered(x)
+    y = centered(y)
+    denominator = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
+    if not denominator > 0:  # a side the same for every input (or not finite): undefined
+        return float("nan")
+    return float(np.linalg.norm(y.T @ x) ** 2 / denominator)
+
+
+# With n inputs the centered features span n - 1 directions: with 2, each side's is one direction,
+# and linear CKA is 1 whatever the checkpoints; from 3 on it measures something.
+MIN_TEXTS = 3
 
 
 def text_examples(protocol, tokenizer, path):
@@ -73,8 +89,9 @@ def text_examples(protocol, tokenizer, path):
         for sentence in re.split(r"(?<=[.!?])\s+", line.strip()):
             ids = tokenizer.encode(sentence, add_special_tokens=False).ids
             out += [dict(ids=[cls] + ids[s:s + room] + [sep]) for s in range(0, len(ids), room)]
-    if not out:
-        fail(f"{path} holds no text")
+    if len(out) < MIN_TEXTS:
+        fail(f"{path} holds {len(out)} sentences; CKA needs at least {MIN_TEXTS} (with fewer it is "
+             "1, d = 0, whatever the checkpoints): give --texts more sentences")
     return out
 
 
@@ -130,10 +147,20 @@ def cka_divergence(protocol, paths, text_path=None):
         fail(f"{text_path} is not a file; pass --texts (a file, one text per line) "
              "or run data/prepare.py")
     feats, examples = cka_features(protocol, paths, text_path)
+    width = feats[0][0].shape[1]
+    if len(examples) <= width:  # said, not refused: a real model's width may exceed a texts file
+        print(f"note: {len(examples)} sentences for {width} dimensions: with fewer inputs than "
+              "dimensions linear CKA is biased toward 1 (d toward 0); give --texts more sentences")
+
+    names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
 
     def d(i, j, layer):  # CKA <= 1 (Cauchy-Schwarz): max() only hides rounding below 0
-        return max(0.0, 1 - linear_cka(feats[i][layer], feats[j][layer]))
-    names = ["embeddings"] + [f"layer {i}" for i in range(len(feats[0]) - 1)]
+        cka = linear_cka(feats[i][layer], feats[j][layer])
+        if math.isnan(cka):  # max(0.0, nan) would print 0
+            fail(f"CKA at the {names[layer]} of {paths[i]} and {paths[j]} is undefined: one gives "
+                 "every sentence the same features there, or features that are not finite; give "
+                 "--texts sentences that differ")
+        return max(0.0, 1 - cka)
     rows = [dict(layer=name, d_ab=d(0, 1, layer)) for layer, name in enumerate(names)]
     for layer, row in enumerate(rows if len(paths) == 3 else []):
         row["d_bc"] = d(1, 2, layer)
@@ -332,6 +359,30 @@ def print_help():
     raise SystemExit(0)
 
 
+# What cka and drift read besides --analysis, --ckpts and --out_dir; every other option is refused
+# there (they fine-tune nothing). A transplant probes: finetune.py's rules, every task a probe.
+READS = {"cka": {"texts", "pretrain_dir", "max_len", "batch_size", "device", "dtype"},
+         "drift": set()}
+
+
+def idle_options(protocol, given, paths):
+    """The options given that act on nothing in this analysis -> {key: why}."""
+    if protocol.analysis in READS:
+        reads = READS[protocol.analysis] | {"analysis", "ckpts", "out_dir"}
+        if protocol.texts:
+            reads.discard("pretrain_dir")  # its val.txt is the texts' default
+        why = f"--analysis {protocol.analysis} reads only --{', --'.join(sorted(reads))}"
+        return {key: why for key in given if key not in reads}
+    arms = finetune.arms_of(paths)
+    specs = tasks.parse_tasks(protocol.tasks, protocol.tasks_dir)
+    probes = replace(protocol, probe=True)
+    idle = finetune.idle_options(probes, given, specs, arms[:1] * 3)  # A, the hybrid, B
+    for key in ("probe", "texts"):
+        if key in given:
+            idle[key] = "a transplant probes every task, and reads no --texts"
+    return idle
+
+
 def main(argv=None):
     """The command line -> one Analysis (defaults, --key overrides) -> the analysis' results."""
     argv = sys.argv[1:] if argv is None else argv
@@ -339,13 +390,15 @@ def main(argv=None):
         print_help()
     protocol, given = finetune.protocol_of(argv, Analysis, RULES, PROG)
     paths = finetune.listed(protocol.ckpts)
-    if protocol.analysis == "cka":  # no fine-tuning: the CPU default does not apply
+    if protocol.analysis == "transplant" and not protocol.layers:
+        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
+    if protocol.analysis == "transplant":  # no fine-tuning elsewhere: the CPU default is its own
+        protocol = finetune.cpu_default(protocol, given)
+    finetune.refuse_idle(idle_options(protocol, given, paths))
+    if protocol.analysis == "cka":
         return cka_divergence(protocol, paths)
     if protocol.analysis == "drift":
         return drift(protocol, paths)
-    if not protocol.layers:
-        fail("--analysis transplant needs --layers (e.g. 0-7, attn or mlp)")
-    protocol = finetune.cpu_default(protocol, given)
     return transplant(protocol, paths, protocol.layers, protocol.tasks)
 
 

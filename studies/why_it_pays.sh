@@ -29,8 +29,10 @@ fz() { local a="" k m; m=$(arms t1000- decay 1 2 3)
   for k in 1 2 3; do a="$a+$OUT/t1000-clm-freeze$1-r$k-decay"; done; echo "${a#+},${m#*,}"; }
 for L in 0 1 2; do share ft8-t1000 "ft8-t1000-freeze$L" && ft2 "$(fz $L)" "ft8-t1000-freeze$L"; done
 # ... the transplants (linear probes; the two variants share the twins' probe cells; the second pass is a no-op
-#     once both have reported: the grid waits for a cell another process holds; $F8 with studies/analysis.py) ...
-TP="${F8/finetune.py/studies/analysis.py} --analysis transplant --ckpts $(arms t1000- decay 1 2 3) --out_dir $OUT/tp-t1000"
+#     once both have reported: the grid waits for a cell another process holds; $F8 with studies/analysis.py, less
+#     the fine-tuning epochs and lr, which a probe does not use and analysis.py refuses) ...
+TP="${F8/finetune.py/studies/analysis.py}"
+TP="${TP/ --ner_epochs 4 --epochs 4 --learning_rate 5e-4/} --analysis transplant --ckpts $(arms t1000- decay 1 2 3) --out_dir $OUT/tp-t1000"
 tp() { [ -f "$OUT/tp-t1000/transplant-${1/,/_}.json" ] || timed sh -c "$TP --layers $1"; }
 tp 0 & a=$!; tp embeddings,0 & waitall $a $!
 for v in 0 embeddings,0; do tp $v; done

@@ -105,6 +105,26 @@ def test_cka_divergence_table(tmp_path, settings):
     assert saved["rows"] == res["rows"] and "| layer 1 |" in md and "r = d(A, B) / d(B, C)" in md
 
 
+def test_cka_needs_three_sentences_that_differ(tmp_path, settings):
+    """One sentence made d = 0.0 at every layer (centered features are 0: CKA is 0/0, and max(0, 1 - nan) = 0);
+    two make CKA 1 whatever the checkpoints. Both are refused, naming the minimum; so is an undefined CKA."""
+    p = replace(settings, out_dir=str(tmp_path / "out"))
+    a, _ = make_ckpt(tmp_path / "a", seed=0)
+    b, _ = make_ckpt(tmp_path / "b", seed=1)
+    rng = np.random.default_rng(0)
+    assert math.isnan(an.linear_cka(rng.normal(size=(1, 4)), rng.normal(size=(1, 4))))
+    assert an.linear_cka(rng.normal(size=(2, 4)), rng.normal(size=(2, 4))) == pytest.approx(1.0)
+    assert an.linear_cka(rng.normal(size=(3, 4)), rng.normal(size=(3, 4))) < 1 - 1e-6
+    for n in (1, 2):
+        texts = write(tmp_path / f"t{n}.txt", "".join(f"the patient took {w} .\n" for w in WORDS[:n]))
+        with pytest.raises(SystemExit, match=f"holds {n} sentences; CKA needs at least 3"):
+            an.cka_divergence(p, [a, b], texts)
+    same = write(tmp_path / "same.txt", "the patient took aspirin .\n" * 3)  # every feature the same
+    with pytest.raises(SystemExit, match="CKA at the embeddings of .* is undefined"):
+        an.cka_divergence(p, [a, b], same)
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_drift_is_zero_except_where_perturbed(tmp_path):
     proto = an.Analysis(out_dir=str(tmp_path / "out"))
     a, _ = make_ckpt(tmp_path / "a", seed=0)
@@ -160,20 +180,21 @@ def test_transplant_takes_exactly_the_group(tmp_path):
             an.group_names(recipient, bad)
 
 
-# the fast settings on the command line, except those the CPU default decides when they are not given
-QUICK = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS]
+# the fast settings on the command line, except those the CPU default decides when they are not given, and the
+# bootstrap's (a transplant of one task has too few units for one: the option would not act, and is refused)
+QUICK = [f"--{k}={v}" for k, v in FAST.items() if k not in ft.CPU_DEFAULTS + ("bootstrap_samples",)]
 
 def test_cli_modes_end_to_end(tmp_path):
     a, _ = make_ckpt(tmp_path / "a", seed=0)
     b, _ = make_ckpt(tmp_path / "b" / "hf", seed=1)  # a detour out_dir: b/hf
     b = str(tmp_path / "b")
     out = str(tmp_path / "out")
-    common = ["--ckpts", f"{a},{b}", "--out_dir", out, *QUICK]
-    an.main(["--analysis", "cka", "--texts", make_texts(tmp_path / "t.txt"), *common])
+    common = ["--ckpts", f"{a},{b}", "--out_dir", out]
+    an.main(["--analysis", "cka", "--texts", make_texts(tmp_path / "t.txt"), "--batch_size=8", "--max_len=64", *common])
     an.main(["--analysis", "drift", *common])
     task = make_task_dir(tmp_path / "c", "cls", n=(16, 8, 8))
     res = an.main(["--analysis", "transplant", "--layers", "0-0", "--tasks", f"drugs=cls:{task}",
-                   "--seeds", "1", *common])
+                   "--seeds", "1", *common, *QUICK])
     for name in ("cka", "drift", "transplant-0-0"):
         assert os.path.exists(os.path.join(out, name + ".md")) and os.path.exists(os.path.join(out, name + ".json"))
     hybrid = os.path.join(out, "transplant-0-0")

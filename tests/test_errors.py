@@ -57,6 +57,14 @@ def env(tmp_path_factory):
         rows = "".join(f'{{"text": "document {i}", "label": "{"ab"[i % 2]}"}}\n' for i in range(8))
         open(os.path.join(root, "good_task", split + ".jsonl"), "w").write(rows)
     shutil.copytree(os.path.join(out, "hf"), os.path.join(root, "clm_copy"))  # a second checkpoint
+    for name, split_text in (("nan_task", "sentence\tscore\nsome text\t0.5\nmore text\tnan\n"),  # a NaN label
+                             ("bilou_task", "aspirin\tU-DRUG\nhelps\tO\n")):  # a tag of no scheme read
+        os.makedirs(os.path.join(root, name))
+        for split in ("train", "dev", "test"):
+            open(os.path.join(root, name, split + ".tsv"), "w").write(split_text)
+    os.makedirs(os.path.join(root, "iob1_task"))  # an I- that continues nothing: strict scoring would drop it
+    for split in ("train", "dev", "test"):
+        open(os.path.join(root, "iob1_task", split + ".tsv"), "w").write("aspirin\tB-DRUG\n\nhelps\tI-DRUG\n")
     return dict(root=root, data=data, out=out)
 
 
@@ -127,14 +135,19 @@ ROWS = [
     ("finetune", "--warmup_ratio 1", "--warmup_ratio 1.0 must be in [0, 1)", ""),
     ("finetune", "--max_len 2", "--max_len 2 must be >= 3", ""),
     ("finetune", "--pooling max", "--pooling 'max' must be one of cls | mean", ""),
-    ("finetune", "--pos_weight -1", "--pos_weight '-1' must be none | auto | a number > 0", ""),
+    ("finetune", "--pos_weight -1", "--pos_weight '-1' must be none | auto | a finite number > 0", ""),
+    ("finetune", "--pos_weight .", "--pos_weight '.' must be none | auto | a finite number > 0", ""),
+    ("finetune", "--pos_weight 1e999", "--pos_weight '1e999' must be none | auto | a finite number > 0", ""),
+    ("finetune", "--learning_rate 1e999", "--learning_rate inf must be > 0 (and finite)", ""),
+    ("finetune", "--weight_decay inf", "--weight_decay inf must be >= 0 (and finite)", ""),
     ("analysis", "--analysis pca", "--analysis 'pca' must be one of cka | drift | transplant", ""),
     ("analysis", "--seeds 0", "--seeds 0 must be > 0; see python studies/analysis.py --help", "cli"),
     ("finetune", "--analysis cka", "unknown option --analysis", ""),
     ("finetune", "--dtype fp16", "--dtype 'fp16' must be one of auto | float32 | bfloat16", ""),
     ("finetune", "--device tpu", "--device 'tpu' must be auto | cpu | cuda | cuda:N", ""),
     ("finetune", "--ckpts=", "--ckpts '' must be not empty", ""),
-    ("analysis", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out}", "bad_tok_ckpt/tokenizer.json is not a", ""),
+    ("analysis", "--analysis cka --ckpts {root}/bad_tok_ckpt,{out} --pretrain_dir {data}", "bad_tok_ckpt/tokenizer.json "
+     "is not a", ""),
     ("finetune", "--tasks t=cls:{root}/task --ckpts {out} --seeds 1", "task/train.jsonl is not UTF-8 text", ""),
     ("finetune", "--shard 2/2", "--shard '2/2' must be i/n with 0 <= i < n", "cli"),
     ("finetune", "--shard 1", "--shard '1' must be i/n with 0 <= i < n", ""),
@@ -150,19 +163,69 @@ ROWS = [
     ("analysis", "--analysis drift --ckpts {out},{out} --out_dir {root}/ok.txt/an", "ok.txt/an (Not a directory); give --out_dir", "cli"),
     ("analysis", "--analysis transplant --layers 0 --ckpts {out},{root}/clm_copy --tasks t=cls:{root}/good_task --seeds 1 "
      "--out_dir {root}/ok.txt/tp", "ok.txt/tp (Not a directory)", ""),
+    # silent wrong results, refused: a label that is not finite, a tag no scheme here reads, strict scoring of gold
+    # it would drop, one checkpoint named twice (its arms would write one cell), CKA on too few sentences
+    ("finetune", "--tasks t=regression:{root}/nan_task --seeds 1", "nan_task/train.tsv:3: label should be a finite "
+     "number, got 'nan'", "cli"),
+    ("finetune", "--tasks t=ner:{root}/bilou_task --seeds 1", "bilou_task/train.tsv:1: tag 'U-DRUG' is neither O nor",
+     ""),
+    ("finetune", "--tasks t=ner:{root}/iob1_task --seeds 1 --ner_mode strict", "iob1_task/dev.tsv:3: this sentence's "
+     "gold tags are not valid IOB2", ""),
+    ("finetune", "--ckpts {out},{out}/ --seeds 1", "/clm/hf; list each once", ""),
+    ("finetune", "--ckpts {out}/hf,{root}/clm_copy,{out} --seeds 1", "a checkpoint is listed twice", ""),
+    ("analysis", "--analysis cka --ckpts {out},{root}/clm_copy --texts {root}/ok.txt", "holds 2 sentences; CKA needs "
+     "at least 3", "cli"),
+    ("finetune", "--tasks t=cls:{root}/good_task@2", "task t: max length @2 must be >= 3", ""),
+    ("finetune", "--protocol paper-de", "--protocol 'paper-de' must be one of \"\" | paper-en | paper-fr", ""),
+    ("finetune", "--ner_mode lenient", "--ner_mode 'lenient' must be one of default | strict", ""),
+    ("finetune", "--selection cls=f1", "--selection 'cls=f1' must be kind=metric,..., each kind once (cls=macro_f1|", ""),
+    ("finetune", "--selection cls=accuracy,cls=macro_f1", "--selection 'cls=accuracy,cls=macro_f1' must be", ""),
+    # an option given that acts on nothing in this run: one line, the option named
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --probe_lr 0.1", "--probe_lr does not act in this run (no "
+     "task is probed); drop it", "cli"),
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --ner_mode strict", "--ner_mode does not act in this run (no "
+     "NER task)", ""),
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --pos_weight auto", "--pos_weight does not act in this run "
+     "(no multilabel task)", ""),
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --selection ner=f1", "--selection does not act in this run "
+     "(no ner task)", ""),
+    ("finetune", "--tasks t=cls:{root}/good_task --seeds 1 --task_seed 7", "--task_seed does not act in this run (no "
+     "default task", ""),
+    ("finetune", "--tasks t=cls+probe:{root}/good_task --seeds 1 --epochs 2", "--epochs does not act in this run (no "
+     "cls, multilabel or regression task trains)", ""),
+    ("finetune", "--tasks t=cls:{root}/good_task@64 --seeds 1 --max_len 128", "--max_len does not act in this run "
+     "(every task has its own @N)", ""),
+    ("finetune", "--tasks t=cls+probe:{root}/good_task --seeds 1 --probe true", "--probe does not act in this run "
+     "(every task is a probe already", ""),
+    ("finetune", "--seeds 2 --cpu_seeds 4", "--cpu_seeds does not act in this run (--seeds is set, or this is not a "
+     "CPU)", ""),
+    ("finetune", "--merge true --shard 0/2", "--shard does not act in this run (--merge true merges every shard", ""),
+    ("analysis", "--analysis drift --ckpts {out},{root}/clm_copy --epochs 3", "--epochs does not act in this run "
+     "(--analysis drift reads only --analysis, --ckpts, --out_dir)", "cli"),
+    ("analysis", "--analysis cka --ckpts {out},{root}/clm_copy --layers 0", "--layers does not act in this run", ""),
+    ("analysis", "--analysis transplant --layers 0 --ckpts {out},{root}/clm_copy --tasks t=cls:{root}/good_task "
+     "--seeds 1 --learning_rate 1e-3", "--learning_rate does not act in this run (every task is a probe", ""),
 ]
 OUTPUTS = {"detour": "--data_dir {data} --out_dir {out} --overwrite true " + " ".join(TINY),
            "prepare": "--out_dir {data}",  # and --n_docs 50 where the corpus is generated
-           "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false"}
-OUTPUTS["analysis"] = OUTPUTS["finetune"]
+           "finetune": "--ckpts {out} --out_dir {out} --tasks_dir {data} --pretrain_dir {data} --progress false",
+           "analysis": "--ckpts {out} --out_dir {out}"}  # the options every analysis reads
 OUTPUTS["decay"] = "--out_dir {root}/decay --progress false"  # a decay takes its shape and Phase 1's keys from {out}
 PROGRAMS["decay"] = PROGRAMS["detour"]
+
+
+def outputs(program, args):
+    """The options pointing a row's outputs at the existing dataset and checkpoint: the default tasks' directories
+    only where the default tasks are read (elsewhere they act on nothing, and are refused)."""
+    if program == "finetune" and "--tasks " in args and "--tasks default" not in args:
+        return OUTPUTS[program].replace(" --tasks_dir {data} --pretrain_dir {data}", "")
+    return OUTPUTS[program]
 
 
 @pytest.mark.parametrize("program,args,message,cli", ROWS)
 def test_bad_input_is_one_line_and_changes_nothing(env, program, args, message, cli):
     before = snapshot(env["data"], env["out"])
-    argv = (OUTPUTS[program] + " " + args).format(**env).split()
+    argv = (outputs(program, args) + " " + args).format(**env).split()
     if cli:
         r = subprocess.run([sys.executable, os.path.join(ROOT, PROGRAMS[program][1]), *argv], cwd=env["root"],
                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
@@ -225,6 +288,7 @@ def test_help_lists_every_option_with_its_default_and_comment(program, flag):
         assert "# optimizer (decoupled AdamW)" in r.stdout and "---" not in r.stdout
     if program == "finetune.py":
         assert 'pooling: str = "mean"           # cls | mean' in r.stdout and "# protocol (paper)" in r.stdout
+        assert '"paper-en": dict(learning_rate=5e-5' in r.stdout and '"paper-fr": dict(' in r.stdout  # --protocol
     if program == "studies/analysis.py":
         assert 'layers: str = ""    # transplant: the group taken from the first checkpoint' in r.stdout
         assert r.stdout.startswith("usage: python studies/analysis.py [--key value")

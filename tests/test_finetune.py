@@ -250,8 +250,15 @@ def test_read_jsonl_and_tsv(tmp_path):
         bad = write(tmp_path / "bad.jsonl", body)
         with pytest.raises(SystemExit, match=f"bad.jsonl:{body.count(chr(10))}: {msg}"):
             tasks.read_jsonl(bad, "cls")
-    with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a number"):
+    with pytest.raises(SystemExit, match="bad.jsonl:1: label should be a finite number"):
         tasks.read_jsonl(write(tmp_path / "bad.jsonl", '{"text": "x", "label": "high"}\n'), "regression")
+    # a label that is not finite would train on NaN losses and score as a number: refused, JSON and TSV alike
+    for value in ("NaN", "Infinity", "-Infinity", "1e999"):
+        with pytest.raises(SystemExit, match="bad.jsonl:2: label should be a finite number"):
+            tasks.read_jsonl(write(tmp_path / "bad.jsonl", f'{{"text": "x", "label": 1}}\n{{"text": "y", "label": {value}}}\n'),
+                             "regression")
+        with pytest.raises(SystemExit, match="n.tsv:3: label should be a finite number"):
+            tasks.read_tsv(write(tmp_path / "n.tsv", f"sentence\tscore\na\t0.5\nb\t{value}\n"), "regression")
     with pytest.raises(SystemExit, match="empty"):
         tasks.read_jsonl(write(tmp_path / "e.jsonl", ""), "cls")
     # TSV with a header (GAD / HoC layouts)
@@ -280,8 +287,13 @@ def test_unknown_label_and_missing_split(tmp_path):
 
 
 def test_parse_tasks():
-    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False),
-                                                              ("gad", "cls", "c", True)]
+    assert tasks.parse_tasks("chem=ner:a/b,gad=cls+probe:c", "data/tasks") == [("chem", "ner", "a/b", False, 0),
+                                                              ("gad", "cls", "c", True, 0)]
+    # a task's own max length: path@N (a path may hold @ elsewhere)
+    assert tasks.parse_tasks("p=multilabel:x@y/z@4096,q=cls:x@y", "d") == [("p", "multilabel", "x@y/z", False, 4096),
+                                                                          ("q", "cls", "x@y", False, 0)]
+    with pytest.raises(SystemExit, match="task p: max length @2 must be >= 3"):
+        tasks.parse_tasks("p=cls:x@2", "d")
     assert [t[0] for t in tasks.parse_tasks("default", "data/tasks")] == ["ner", "notes", "needle"]
     for bad in ("chem", "chem=ner", "x=span:a", "a=cls:x,a=ner:y", "average=cls:x"):
         with pytest.raises(SystemExit, match="error:"):
@@ -344,7 +356,7 @@ def test_each_head_trains(kind, tmp_path, fast):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = ft.finetune_one(p, model, task, seed=0)
     assert r["losses"][-1] < r["losses"][0]
-    assert set(r) == {"dev", "test", "epoch", "losses"} and 1 <= r["epoch"] <= 3
+    assert set(r) == {"dev", "test", "epoch", "losses", "predictions"} and 1 <= r["epoch"] <= 3
     assert kind == "regression" or 0 <= r["test"]["main"] <= 1  # Pearson may be negative
     assert r["test"]["main"] == r["test"][tasks.KINDS[kind].main]
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # a copy was trained
@@ -494,3 +506,58 @@ def test_max_train_and_max_eval_take_a_fixed_subset(tmp_path):
     assert (len(a["train"]), len(a["dev"]), len(a["test"])) == (10, 5, 5)
     assert [x["ids"] for x in a["train"]] == [x["ids"] for x in b["train"]]      # the same subset each time
     assert all(x["ids"] in [y["ids"] for y in full["train"]] for x in a["train"])
+
+
+# ----------------------------------------------------------------------------------------
+# no silent wrong result: a diverged run, one checkpoint twice, two cells in one file
+# ----------------------------------------------------------------------------------------
+def test_a_diverged_run_is_an_error_not_a_score(tmp_path, fast):
+    path, _ = make_ckpt(tmp_path / "m")
+    model, tok = detour.load_encoder(path)
+    task = load_task(fast, "r", "regression", make_task_dir(tmp_path / "r", "regression"), tok)
+    task["train"][0]["y"] = float("nan")  # past the readers' check, as a NaN from anywhere else would be
+    with pytest.raises(SystemExit, match="r: the training loss is nan at epoch 1, step"):
+        ft.finetune_one(fast, model, task, seed=0)
+    head = ft.TaskModel(model, 1, False, "mean", 0.0)
+    with torch.no_grad():
+        head.classifier.weight.fill_(float("nan"))  # the weights a diverged run leaves
+    with pytest.raises(SystemExit, match="task r: predictions on dev are not finite"):
+        ft.evaluate(fast, head, task, "dev", None, torch.device("cpu"))
+
+
+def test_one_checkpoint_named_twice_or_two_cells_in_one_file_are_errors(tmp_path, fast):
+    a, _ = make_ckpt(tmp_path / "x" / "a")
+    os.symlink(a, tmp_path / "link")
+    # the issue's X,X/ passed the check: both arms wrote one cell and the grid never completed
+    for twice in ([a, a + "/"], [a, str(tmp_path / "link")], [a, str(tmp_path / "x" / "." / "a")], [f"{a}+{a}//"]):
+        with pytest.raises(SystemExit, match="a checkpoint is listed twice in .*; list each once"):
+            ft.arms_of(twice)
+    b, _ = make_ckpt(tmp_path / "x_a", seed=1)  # another checkpoint, whose cells' directory name is a's
+    spec = f"drugs=cls:{make_task_dir(tmp_path / 'c', 'cls', n=(16, 8, 8))}"
+    with pytest.raises(SystemExit, match="drugs would share the cell file .*; rename a checkpoint directory or task"):
+        ft.run(replace(fast, out_dir=str(tmp_path / "out")), [a, b], spec)
+    assert not os.path.exists(tmp_path / "out")  # refused before anything trained
+
+
+def test_the_papers_protocols_as_presets(capsys):
+    p, given = ft.protocol_of(["--protocol", "paper-en", "--epochs", "3"])
+    assert (p.learning_rate, p.batch_size, p.epochs, p.ner_epochs, p.warmup_ratio, p.max_len, p.pooling) == (
+        5e-5, 16, 3, 20, 0.0, 8192, "mean")  # --epochs given: it wins
+    assert ft.seed_list(p) == [42, 43, 44, 45, 46] and p.selection == "cls=weighted_f1,multilabel=weighted_f1"
+    assert "protocol paper-en: learning_rate 5e-05" in capsys.readouterr().out
+    assert ft.cpu_default(p, given) == p  # on a CPU too: a preset's fields are not shortened
+    p, given = ft.protocol_of(["--protocol", "paper-fr"])
+    assert (p.learning_rate, p.batch_size, p.epochs, p.warmup_ratio, p.seeds, p.max_len, p.pooling, p.pos_weight,
+            p.ner_mode, p.selection) == (2e-5, 4, 15, 0.1, 9, 2048, "cls", "auto", "strict",
+                                         "cls=weighted_f1,multilabel=micro_f1")
+    p, given = ft.protocol_of([])  # no preset: the defaults, and on a CPU the CPU default, as before
+    assert (p.protocol, p.first_seed, p.selection, p.ner_mode) == ("", 0, "", "default")
+    if ft.get_device(p).type == "cpu":
+        assert (ft.cpu_default(p, given).epochs, ft.cpu_default(p, given).seeds) == (3, 3)
+
+
+def test_a_task_of_its_own_length(tmp_path):
+    _, tok = make_ckpt(tmp_path / "m")
+    d = make_task_dir(tmp_path / "c", "cls")
+    task = tasks.encode_task(ft.Protocol(max_len=64), tasks.read_task("c", "cls", d, max_len=5), tok)
+    assert max(len(ex["ids"]) for ex in task["train"]) == 5 and task["max_len"] == 5

@@ -197,7 +197,8 @@ def expected(study, v):
                    f"{v['F8'].replace(v['TASKS8'], v['TASKS'])} --ckpts {arms('', (1, 2, 3))} "
                    "--out_dir out/bio/ft8-s1000-ner4 --merge true"])
     if study == "why_it_pays":
-        TP = f"{F8.replace('finetune.py', 'studies/analysis.py')} --analysis transplant --ckpts {arms('t1000-', (1, 2, 3))} --out_dir out/bio/tp-t1000"
+        probes = F8.replace("finetune.py", "studies/analysis.py").replace(" --ner_epochs 4 --epochs 4 --learning_rate 5e-4", "")
+        TP = f"{probes} --analysis transplant --ckpts {arms('t1000-', (1, 2, 3))} --out_dir out/bio/tp-t1000"
         fz = lambda L: ("+".join(f"out/bio/t1000-clm-freeze{L}-r{k}-decay" for k in (1, 2, 3)) + ","
                         + arms("t1000-", (1, 2, 3)).split(",")[1])
         return (theta0(v, "tiny") + theta0(v, "small") + theta0(v, "medium")
