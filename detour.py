@@ -1728,9 +1728,11 @@ def convert(key, text, default):
             return BOOLEANS[text.lower()]
         if isinstance(default, int):
             return int(float(text)) if float(text).is_integer() else int(text)
+        if isinstance(default, float) and not math.isfinite(float(text)):
+            raise ValueError(text)  # inf or nan (1e999 reads as inf): no rule means them
         return float(text) if isinstance(default, float) else text
     except (KeyError, ValueError):
-        kind = "a number"
+        kind = "a finite number"
         if isinstance(default, bool):
             kind = "true/false"
         elif isinstance(default, int):
@@ -2123,6 +2125,7 @@ def resumed(values, given):
              "a resume continues its own phase: drop --phase")
     values.update({k: v for k, v in saved.items() if k in DEFAULTS}, **given)
     values["out_dir"] = out  # where it is now, not where it was
+    not_here(saved, out)
     quiet = {*RERUN_KEYS, *given, "init_from", "phase"}
     runs = [f"{k} {v!r} (this file: {DEFAULTS[k]!r})" for k, v in saved.items()
             if k in DEFAULTS and k not in quiet and v != DEFAULTS[k]]
@@ -2134,6 +2137,14 @@ def resumed(values, given):
         say(f"detour: resume: not in {out}'s configuration, this file's values run: "
             f"{'; '.join(absent)}")
     return ckpt
+
+
+def not_here(saved, source):
+    """A line for the keys of a run's configuration that this file does not have (a constant
+    removed or renamed since): they cannot act, and the run goes on without them."""
+    if missing := [k for k in saved if k not in DEFAULTS]:
+        say(f"detour: {source}'s configuration has {', '.join(missing)}, which this file does "
+            "not: they do not act in this run")
 
 
 def continued(values, given):
@@ -2181,6 +2192,7 @@ def autoresumed(values, ckpt):
     checkpoint says init_from "resume"."""
     path = os.path.join(values["out_dir"], "ckpt.pt")
     saved = ckpt["config"]
+    not_here(saved, values["out_dir"])
     ignored = {*RERUN_KEYS, *(["init_from"] if saved.get("init_from") == "resume" else [])}
     if differ := [f"{k} {saved[k]!r} there, {v!r} here" for k, v in values.items()
                   if k in saved and k not in ignored and saved[k] != v]:

@@ -381,3 +381,22 @@ def test_seeds_are_bounded_to_what_the_generators_take(tiny_data, tmp_path, key,
         detour.main(argv)
     else:
         assert f"--{key} {value} must be in [0, 2^32)" in error_of(argv)
+
+
+@pytest.mark.parametrize("text", ["inf", "1e999", "nan", "-inf"])
+def test_a_float_that_is_not_finite_is_refused_at_start(tiny_data, tmp_path, text):
+    out = str(tmp_path / "o")
+    line = error_of(["--data_dir", tiny_data, "--out_dir", out, *TINY_RUN, "--learning_rate", text])
+    assert f"--learning_rate expects a finite number, got '{text}'" in line
+    assert not os.path.exists(out)
+
+
+def test_a_resumed_key_this_file_lacks_is_said(phase1, tmp_path, capsys):
+    """A constant removed or renamed since the run started cannot act: a line says so, not a silent drop."""
+    out = finished_run(phase1, tmp_path)
+    path = os.path.join(out, "ckpt.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["config"]["old_knob"] = 3
+    torch.save(ckpt, path)
+    detour.main(["--init_from", "resume", "--out_dir", out, "--progress", "false"])
+    assert f"{out}'s configuration has old_knob, which this file does not" in capsys.readouterr().out
