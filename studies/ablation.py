@@ -244,12 +244,15 @@ def chain_job(out, chain):
     return lambda stop: run_chain(out, chain, stop)
 
 
+def twin_chains(a, out):
+    return [twin_chain(a, out, arm, k) for k in range(1, a.replicates + 1) for arm in ARMS]
+
+
 def pretrain(a, out):
     """θ0 alone, then the 2R twin chains two at a time (replicate k's twins side by side)."""
     if failed := run_chain(out, theta0_chain(a, out), threading.Event()):
         fail(failed)
-    chains = [twin_chain(a, out, arm, k) for k in range(1, a.replicates + 1) for arm in ARMS]
-    side_by_side([chain_job(out, chain) for chain in chains])
+    side_by_side([chain_job(out, chain) for chain in twin_chains(a, out)])
 
 
 # ---- Fine-tuning: the CLM replicates as one arm, the MLM replicates as the other. ----
@@ -261,7 +264,7 @@ def epochs_options(a, spec, tasks_dir):
     words = []
     for key in ("epochs", "ner_epochs"):
         if key in acting:
-            words += [f"--{key}", str(getattr(a, key) or DEFAULTS[key])]
+            words += [f"--{key}", str(getattr(a, key) or FINETUNE_EPOCHS[key])]
         elif getattr(a, key) is not None:
             fail(f"--{key} does not act: no task of --tasks {spec} trains for {key} (a probe "
                  "trains for finetune.py's probe_epochs); drop it")
@@ -360,7 +363,12 @@ def setting_lines(a, out, digest):
 
 
 def write_report(a, out):
-    """<out>/ablation.md (also printed) and ablation.json."""
+    """<out>/ablation.md (also printed) and ablation.json, once every twin still stands: the
+    report names the detour.py they all ran."""
+    moved = [run.name for chain in twin_chains(a, out) for run in chain if why_stale(run)]
+    if moved:
+        fail(f"{', '.join(moved)} no longer stand (detour.py changed while the study ran?); run "
+             "the same command again")
     with open(DETOUR, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
     c = comparison(os.path.join(out, "ft", "results.json"))
@@ -382,7 +390,7 @@ TITLE = "Ablation: the detour twin against the MLM twin (studies/ablation.py)"
 
 
 # ---- The command line. ----
-DEFAULTS = dict(epochs=3, ner_epochs=3)  # finetune.py's CPU default: given where a task acts
+FINETUNE_EPOCHS = dict(epochs=3, ner_epochs=3)  # finetune.py's CPU default; given where a task acts
 
 
 def at_least(low):
@@ -417,7 +425,8 @@ def arguments():
                    help="fine-tuning seeds per checkpoint and task (default: %(default)s)")
     for key, kinds in (("epochs", "cls, multilabel, regression"), ("ner_epochs", "ner")):
         p.add_argument(f"--{key}", type=at_least(1), default=None,
-                       help=f"fine-tuning epochs of the {kinds} tasks (default: {DEFAULTS[key]})")
+                       help=f"fine-tuning epochs of the {kinds} tasks (default: "
+                            f"{FINETUNE_EPOCHS[key]})")
     for key, what in (("max_train", "training"), ("max_eval", "dev and test")):
         p.add_argument(f"--{key}", type=at_least(0), default=0,
                        help=f"{what} examples per task, a fixed subset; 0 = all (default: 0)")

@@ -67,7 +67,15 @@ def check_report(out):
     return record
 
 
-def test_ablation_end_to_end_resumes_and_reruns_what_changed(repo):
+def report_now(repo, monkeypatch):
+    """The study's last step alone, in the copy."""
+    sys.path.insert(0, ROOT)
+    from studies import ablation
+    monkeypatch.chdir(repo)
+    ablation.write_report(ablation.arguments().parse_args(TINY), "out/ablation")
+
+
+def test_ablation_end_to_end_resumes_and_reruns_what_changed(repo, monkeypatch):
     out = repo / "out" / "ablation"
     p, first = study(repo, *TINY)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -83,6 +91,8 @@ def test_ablation_end_to_end_resumes_and_reruns_what_changed(repo):
     source = (repo / "detour.py").read_text()
     assert source.count("\ndecay_mlm_rate = 0.15 ") == 1
     (repo / "detour.py").write_text(source.replace("\ndecay_mlm_rate = 0.15 ", "\ndecay_mlm_rate = 0.20 "))
+    with pytest.raises(SystemExit, match="clm-r1, clm-r1-decay, .* no longer stand"):  # no report of another file
+        report_now(repo, monkeypatch)
     p, third = study(repo, *TINY)
     assert p.returncode == 0, p.stderr[-2000:]
     assert all(status(third, r) == "done, skipped" for r in ["data/general", "data/bio"] + THETA0)
