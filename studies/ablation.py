@@ -406,7 +406,8 @@ def at_least(low):
 def arguments():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--out_dir", default="out/ablation",
-                   help="everything the study writes (default: %(default)s)")
+                   help="everything the study writes; a relative path (here and in --tasks) is "
+                        "from the repository root, where it runs (default: %(default)s)")
     p.add_argument("--replicates", type=at_least(2), default=5,
                    help="pretraining replicates per twin, R >= 2 (default: %(default)s)")
     p.add_argument("--tasks", default="default",
