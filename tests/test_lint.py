@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT
 
-LINTED = sorted({p for pattern in ("detour.py", "finetune.py", "data/*.py", "studies/analysis.py")
+LINTED = sorted({p for pattern in ("detour.py", "finetune.py", "data/*.py", "studies/analysis.py",
+                                   "studies/ablation.py")
                  for p in glob.glob(os.path.join(ROOT, pattern))})
 LONGEST_FUNCTION = 60
 LONGEST_LOOP = 80  # detour.train, the training loop, reads best in one piece
