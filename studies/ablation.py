@@ -259,8 +259,8 @@ def pretrain(a, out):
 def epochs_options(a, spec, tasks_dir):
     """--epochs and --ner_epochs for finetune.py where a task trains for them (a probe trains for
     probe_epochs); either given to this command where no task does is refused."""
-    acting = {tasks.KINDS[kind].epochs for _, kind, _, probe in tasks.parse_tasks(spec, tasks_dir)
-              if not probe}
+    acting = {tasks.KINDS[task[1]].epochs for task in tasks.parse_tasks(spec, tasks_dir)
+              if not task[3]}  # (name, kind, path, probe, max_len)
     words = []
     for key in ("epochs", "ner_epochs"):
         if key in acting:
