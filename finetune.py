@@ -122,10 +122,9 @@ REPORTED = ("learning_rate", "weight_decay", "batch_size", "epochs", "ner_epochs
             "probe_epochs", "max_train", "max_eval")  # the protocol settings results.json records
 POSITIVE = detour.POSITIVE          # > 0
 NON_NEGATIVE = detour.NON_NEGATIVE  # >= 0
-# a float finite too: an lr or a weight of inf (1e999 reads as one) would train on inf, then NaN
-POSITIVE_FLOAT = (lambda v: 0 < v < math.inf, "> 0 (and finite)")
-NON_NEGATIVE_FLOAT = (lambda v: 0 <= v < math.inf, ">= 0 (and finite)")
 PROPORTION = detour.BETA            # in [0, 1): warmup_ratio (of the steps), dropout (a chance)
+# (a float is finite: detour.convert refuses inf, 1e999 and nan as the command line is read)
+
 
 def is_pos_weight(v):
     if v in ("none", "auto"):
@@ -149,14 +148,14 @@ def is_shard(v):
     return v == "" or bool(re.fullmatch(r"\d+/\d+", v)) and int(parts[0]) < int(parts[1])
 
 RULES = dict(  # checked by main, in this order
-    ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE_FLOAT,
-    weight_decay=NON_NEGATIVE_FLOAT, batch_size=POSITIVE, epochs=POSITIVE, ner_epochs=POSITIVE,
+    ckpts=detour.NOT_EMPTY, tasks=detour.NOT_EMPTY, learning_rate=POSITIVE,
+    weight_decay=NON_NEGATIVE, batch_size=POSITIVE, epochs=POSITIVE, ner_epochs=POSITIVE,
     warmup_ratio=PROPORTION, seeds=POSITIVE,
     max_len=(lambda v: v >= 3, ">= 3 ([CLS] a [SEP] b [SEP])"),
     pooling=detour.one_of("cls", "mean"),
-    dropout=PROPORTION, grad_clip=NON_NEGATIVE_FLOAT, probe_lr=POSITIVE_FLOAT,
+    dropout=PROPORTION, grad_clip=NON_NEGATIVE, probe_lr=POSITIVE,
     probe_epochs=POSITIVE, cpu_epochs=POSITIVE, cpu_ner_epochs=POSITIVE, cpu_seeds=POSITIVE,
-    cpu_learning_rate=POSITIVE_FLOAT,
+    cpu_learning_rate=POSITIVE,
     task_seed=NON_NEGATIVE, max_train=NON_NEGATIVE, max_eval=NON_NEGATIVE,
     pos_weight=(is_pos_weight, "none | auto | a finite number > 0"), device=detour.DEVICE,
     dtype=detour.DTYPE, bootstrap_samples=POSITIVE,

@@ -48,6 +48,8 @@ THETA0_THREADS = 2
 TWIN = dict(seq_len=128, batch_size=8, global_batch_size=8, learning_rate=5e-4,
             warmup_tokens=20_480, eval_interval=250, eval_tokens=65_536, progress=False)
 SIDE_BY_SIDE = 2
+N_DOCS = 20_000  # documents of each generated corpus
+REAL_TEXT = dict(group_tokens=200, val_fraction=0.02)  # real text, cut as studies/common.sh does
 FINETUNE_LR = 5e-4  # the studies' (finetune.py's CPU default): small encoders barely move at 5e-5
 ARMS = ("clm", "mlm")  # the detour twin first: D = first arm - second arm
 REPLACES = ("overwrite",)  # given only to replace an earlier run: not a part of what ran
@@ -198,13 +200,22 @@ def prepare(out, register, args, after):
     atomic_write(done, lambda f: f.write(record.encode()))
 
 
+def source(a, register):
+    """data/prepare.py's options for one corpus: generated (data/world.py, a.n_docs documents),
+    or real text (--general, --bio) cut as the studies on real text cut it (studies/common.sh
+    prepare_data: documents of about 200 words, 2% held out)."""
+    if not a.general:
+        return dict(register=register, n_docs=a.n_docs or N_DOCS)
+    return dict(input=getattr(a, register), **REAL_TEXT)
+
+
 def build_data(a, out):
     """The general corpus (its tokenizer trained on it: ModernBERT's is general), then the
-    biomedical one tokenized with it; both generated (data/world.py), a.n_docs documents each."""
+    biomedical one tokenized with it."""
     general = corpus_of(out, "general")
-    prepare(out, "general", dict(register="general", n_docs=a.n_docs, out_dir=general), ())
+    prepare(out, "general", dict(**source(a, "general"), out_dir=general), ())
     tokenizer = os.path.join(general, "tokenizer.json")
-    bio = dict(register="bio", n_docs=a.n_docs, tokenizer=tokenizer, out_dir=corpus_of(out, "bio"))
+    bio = dict(**source(a, "bio"), tokenizer=tokenizer, out_dir=corpus_of(out, "bio"))
     prepare(out, "bio", bio, (os.path.join(out, "data", "general.json"),))
 
 
@@ -353,13 +364,17 @@ def verdict_lines(c, replicates):
 
 
 def setting_lines(a, out, digest):
+    general = f"the generated general corpus ({a.n_docs or N_DOCS:,} documents)"
+    bio = "the generated biomedical corpus"
+    if a.general:
+        general = f"the general text {a.general}"
+        bio = f"the biomedical text {a.bio}"
     return [f"detour.py: the working tree's, sha256 {digest} (every twin ran it). θ0: the "
-            f"`{a.preset}` preset, MLM on {a.theta0_tokens:,} tokens of the generated general "
-            f"corpus ({a.n_docs:,} documents), then its decay ({out}/theta0-mlm-decay, built "
-            f"once). Twins: {a.tokens:,} Phase-1 tokens from θ0's export on the generated "
-            "biomedical corpus, cut with the general tokenizer, then the decay; replicate k: "
-            f"--seed {FIRST_SEED}+k --data_seed {FIRST_DATA_SEED}+k. Fine-tuning: --tasks "
-            f"{a.tasks}, {a.seeds} fine-tuning seed(s), lr {FINETUNE_LR:g} ({out}/ft).", ""]
+            f"`{a.preset}` preset, MLM on {a.theta0_tokens:,} tokens of {general}, then its "
+            f"decay ({out}/theta0-mlm-decay, built once). Twins: {a.tokens:,} Phase-1 tokens "
+            f"from θ0's export on {bio}, cut with the general tokenizer, then the decay; "
+            f"replicate k: --seed {FIRST_SEED}+k --data_seed {FIRST_DATA_SEED}+k. Fine-tuning: "
+            f"--tasks {a.tasks}, {a.seeds} fine-tuning seed(s), lr {FINETUNE_LR:g} ({out}/ft).", ""]
 
 
 def write_report(a, out):
@@ -415,8 +430,16 @@ def arguments():
                         "%(default)s)")
     p.add_argument("--preset", default="tiny", choices=("tiny", "small", "medium"),
                    help="θ0's shape, and so the twins' (default: %(default)s)")
-    p.add_argument("--n_docs", type=at_least(2), default=20_000,
-                   help="documents of each generated corpus (default: %(default)s)")
+    p.add_argument("--n_docs", type=at_least(2), default=None,
+                   help=f"documents of each generated corpus, without --general (default: "
+                        f"{N_DOCS})")
+    p.add_argument("--general", default="",
+                   help="real general-English text in place of the generated corpus (a .txt, "
+                        "one paragraph a line: docs/data.md's general_en_combined.txt), with "
+                        "--bio (default: none)")
+    p.add_argument("--bio", default="",
+                   help="real biomedical text in place of the generated corpus (a .txt: "
+                        "docs/data.md's corpus.txt), with --general (default: none)")
     p.add_argument("--theta0_tokens", type=at_least(1), default=4_096_000,
                    help="θ0's MLM tokens on the general corpus (default: %(default)s)")
     p.add_argument("--tokens", type=at_least(1), default=1_024_000,
@@ -442,6 +465,11 @@ def usage_error(message):
 
 def main(argv=None):
     a = arguments().parse_args(argv)
+    if bool(a.general) != bool(a.bio):
+        fail("--general and --bio go together (the general corpus makes the tokenizer the "
+             "biomedical one is cut with); give both, or neither for the generated corpora")
+    if a.general and a.n_docs is not None:
+        fail("--n_docs does not act with --general and --bio (real text); drop it")
     os.chdir(ROOT)  # every path as the other studies name it: from the repository root
     out = os.path.normpath(a.out_dir)
     command = finetune_command(a, out)  # its --tasks and epochs checked before anything runs

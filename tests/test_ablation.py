@@ -146,6 +146,9 @@ def test_a_changed_flag_makes_the_runs_it_changes_stale(repo, monkeypatch):
     (["--tasks", "ner=ner:x", "--epochs", "2"], "error: --epochs does not act: no task of --tasks ner=ner:x trains "
                                                 "for epochs (a probe trains for finetune.py's probe_epochs); drop it"),
     (["--tasks", "ner=nerd:x"], "error: task ner: unknown kind 'nerd' (one of "),   # data/tasks.py's line
+    (["--general", "g.txt"], "error: --general and --bio go together"),
+    (["--general", "g.txt", "--bio", "b.txt", "--n_docs", "50"], "error: --n_docs does not act with --general and "
+                                                                  "--bio (real text); drop it"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(repo, args, line):
     p, lines = study(repo, *args)
@@ -159,3 +162,15 @@ def test_a_failed_run_stops_the_study_in_one_line(repo):
     assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert p.stderr.startswith("error: theta0-mlm failed (exit 1): error: ") and "logs/theta0-mlm.log" in p.stderr
     assert not (repo / "out" / "ablation" / "clm-r1").exists()
+
+
+def test_real_text_is_cut_as_the_studies_on_real_text_cut_it():
+    """--general and --bio: data/prepare.py on those files as studies/common.sh prepare_data runs it (documents of
+    about 200 words, 2% held out); without them the generated corpora of --n_docs documents."""
+    sys.path.insert(0, ROOT)
+    from studies import ablation
+    a = ablation.arguments().parse_args(["--general", "g.txt", "--bio", "b.txt"])
+    assert ablation.source(a, "general") == dict(input="g.txt", group_tokens=200, val_fraction=0.02)
+    assert ablation.source(a, "bio") == dict(input="b.txt", group_tokens=200, val_fraction=0.02)
+    a = ablation.arguments().parse_args([])
+    assert ablation.source(a, "bio") == dict(register="bio", n_docs=20_000)
