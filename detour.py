@@ -190,6 +190,12 @@ PHASES = {
                    reads=("decay_mlm_rate", "decay_ratio", "decay_tokens", "min_lr_ratio",
                           "early_decay")),
 }
+def phase1_names():
+    """The phases a continuing phase (the decay) can start from: every row that does not
+    continue."""
+    return [name for name, row in PHASES.items() if not row.continues]
+
+
 # What a continuing phase takes from its Phase 1's configuration: the keys that keep the twins'
 # continuation the same run (the data and its order, the batch, the seeds, the peak lr and
 # AdamW's settings; the model's shape comes with the weights). Every other key is the running
@@ -1796,7 +1802,7 @@ def parse_layers(spec, n_layers):
 
 
 # Checkpoints (written atomically: a crash mid-write keeps the last one) and the record of a run:
-# ckpt.pt, config.json (the configuration that ran), the copy of detour.py, log.jsonl, hf/.
+# ckpt.pt, run.json (the configuration that ran), the copy of detour.py, log.jsonl, hf/.
 # A checkpoint is data: torch's safe loader reads tensors and plain values, never code.
 CHECKPOINT_KEYS = ("model", "optimizer", "model_args", "config", "torch_rng", "phase", "step",
                    "tokens", "sample0", "phase1_tokens")
@@ -1807,8 +1813,8 @@ def load_checkpoint(directory):
     nothing in it runs), checked to be one detour wrote."""
     path = os.path.join(directory, "ckpt.pt")
     if not os.path.exists(path):
-        phase1 = " or ".join(n for n, p in PHASES.items() if not p.continues)
-        fail(f"no checkpoint at {path}; train Phase 1 first (--phase {phase1})")
+        fail(f"no checkpoint at {path}; train Phase 1 first (--phase "
+             f"{' or '.join(phase1_names())})")
     try:  # mmap: tensors are read when used
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -1847,8 +1853,7 @@ def build_model(cfg, meta, ckpt):
                          "use a checkpoint detour wrote")
     elif cfg.init_from == "scratch":
         vocab = -(-meta["vocab_size"] // 64) * 64  # pad to a multiple of 64, as ModernBERT does
-        special = {k: meta[k] for k in ("pad_token_id", "cls_token_id", "sep_token_id",
-                                        "mask_token_id", "unk_token_id")}
+        special = {k: meta[k] for k in SPECIAL_IDS}
         model = ModernBERT(Config(vocab_size=vocab, max_position_embeddings=max(8192, cfg.seq_len),
                                   **PRESETS[cfg.preset], **special))
     else:
@@ -2152,7 +2157,7 @@ def continued(values, given):
     from its configuration; every other key is this file's or argv's. Where an inherited value
     differs from this file's or argv's, a line says which runs. -> the Phase-1 checkpoint."""
     source = values["init_from"]
-    starts = [name for name, row in PHASES.items() if not row.continues]
+    starts = phase1_names()
     phase1 = " or ".join(starts)
     if source == "scratch":
         fail(f"--phase {values['phase']} starts from a Phase-1 checkpoint ({phase1}); pass "
