@@ -9,8 +9,9 @@ encoder to a new domain in two phases at a fixed token budget:
                           LR 1-sqrt cooldown from peak to 10% of peak, AdamW state kept.
 The two twins differ only in the Phase-1 objective: same data, same order, same schedule.
 
-  python data/prepare.py                                   # embedded default corpus
-  torchrun --standalone --nproc_per_node=1 detour.py --phase clm
+  python data/prepare.py     # the generated pair: data/world/general, data/world/bio
+  bash runs/theta0.sh        # θ0, the general encoder: MLM on general text, then its decay
+  torchrun --standalone --nproc_per_node=1 detour.py --phase clm     # θ0 continued on bio text
   torchrun --standalone --nproc_per_node=1 detour.py --phase decay --init_from out/clm
 
 Every constant below can be overridden: `--key value` or `--key=value`. Each run keeps a copy of
@@ -51,13 +52,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 # -------------------------------------------------------------------------------------------------
-# 1. Constants. Paper values unless the comment says otherwise; the `small` preset makes the
-# default run fit a 2-core CPU in a few minutes.
+# 1. Constants. Paper values unless the comment says otherwise. The default run is the paper's
+# setting in miniature, in minutes on a 2-core CPU: continued pretraining of θ0, a `tiny` general
+# encoder standing in for ModernBERT-base (runs/theta0.sh builds it on generated everyday English),
+# on the generated biomedical corpus, cut with θ0's tokenizer (data/prepare.py writes both).
 phase = "clm"              # clm | mlm (Phase 1) | decay (Phase 2)
-preset = "small"           # model shape from scratch: tiny | small | medium | base | large
-init_from = "scratch"      # scratch | an HF ModernBERT dir | a detour out_dir | resume
+preset = "tiny"            # model shape from scratch: tiny | small | medium | base | large
+init_from = "out/theta0/hf"  # θ0's HF export (runs/theta0.sh) | scratch | an HF ModernBERT dir
+                           # (ModernBERT-base) | a detour out_dir | resume
 out_dir = ""               # "" = out/<phase> (Phase 1) or <init_from>-decay (decay)
-data_dir = "data/default"  # train.bin / val.bin / meta.json from data/prepare.py
+data_dir = "data/world/bio"  # train.bin / val.bin / meta.json from data/prepare.py
 overwrite = False          # a fresh run may replace the checkpoint in out_dir, of any phase
                            # (else refused)
 autoresume = False         # the same command is safe to rerun (a requeued job): continue
@@ -73,20 +77,20 @@ decay_mlm_rate = 0.15      # Phase-2 masking rate (paper: 15%)
 doc_mask = True            # packed documents never attend across the [SEP] boundary
 # data and batch
 seq_len = 128              # paper: 8192
-batch_size = 4             # micro-batch, sequences per rank per forward
-global_batch_size = 4      # sequences per optimizer step over all ranks (paper: 384); the CPU
+batch_size = 8             # micro-batch, sequences per rank per forward
+global_batch_size = 8      # sequences per optimizer step over all ranks (paper: 384); the CPU
                            # default buys steps: the detour twin relearns bidirectional use
                            # only in its decay (10% of them)
-max_tokens = 1_000_000     # Phase-1 budget in tokens (paper: billions): ~1,950 steps, a ~195-step
-                           # decay
+max_tokens = 1_024_000     # Phase-1 budget in tokens (paper: billions): 1,000 steps, a 100-step
+                           # decay (the studies' t1000 point)
 decay_ratio = 0.10         # decay length as a fraction of Phase-1 tokens
 decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 tokens
 data_seed = 42             # data order seed (paper: 42)
 seed = 17                  # model init / masking seed (paper: 17)
 # optimizer (decoupled AdamW)
-learning_rate = 2e-3       # peak lr (paper: 2e-4 for continued pretraining of base; a small
-                           # model trained from scratch on a CPU budget wants more)
-warmup_tokens = 20_480     # linear warmup (40 steps here), then constant (paper: 100M)
+learning_rate = 5e-4       # peak lr (paper: 2e-4 for continued pretraining of base; the tiny θ0
+                           # moves little at 2e-4 in 1,000 steps: the studies' 5e-4)
+warmup_tokens = 20_480     # linear warmup (20 steps here), then constant (paper: 100M)
 min_lr_ratio = 0.10        # decay ends at 10% of peak
 beta1 = 0.9
 beta2 = 0.98
@@ -936,6 +940,8 @@ def train(cfg, ckpt=None):
     tokens = run.start_tokens
     bar = tqdm(total=run.total_steps, initial=step, disable=not (run.master and cfg.progress),
                dynamic_ncols=True)
+    if continues_an_encoder(cfg):  # θ0 on the domain text before continued pretraining
+        score_start(cfg, run, bar)
     model.train()
     clock = Throughput(tokens)
     batches = micro_batches(cfg, run, step)
@@ -1010,6 +1016,24 @@ def validate(cfg, run, step, bar):
         bar.write(f"step {step}: val {cfg.phase} loss {ev['loss']:.4f} (unigram "
                   f"{ev['unigram']:.4f}), accuracy {ev['acc']:.4f}")
     return {f"val_{k}": round(v, 5) for k, v in ev.items()}
+
+
+def continues_an_encoder(cfg):
+    """A Phase-1 run that starts from trained weights (θ0, ModernBERT-base), at its first step."""
+    return cfg.init_from not in ("scratch", "resume") and not PHASES[cfg.phase].continues
+
+
+def score_start(cfg, run, bar):
+    """The encoder a Phase-1 run continues, scored on this data before its first step, as every
+    twin is scored at the end of its decay: by the continuing phase's objective (MLM at 15%), on
+    the same validation windows and masks. Continued pretraining is worth what it gains on this."""
+    name = next(name for name, row in PHASES.items() if row.continues)
+    ev = evaluate(run.raw_model, replace(cfg, phase=name), replace(run, phase=PHASES[name]))
+    if run.master:
+        bar.write(f"step 0: {cfg.init_from} on this data, before {cfg.phase}: val {name} loss "
+                  f"{ev['loss']:.4f} (unigram {ev['unigram']:.4f}), accuracy {ev['acc']:.4f}")
+        write_record(run, dict(step=0, tokens=0, **{f"start_val_{k}": round(v, 5)
+                                                     for k, v in ev.items()}))
 
 
 @torch.no_grad()
@@ -2042,8 +2066,7 @@ def resolve(argv):
         ckpt = continued(values, given)
     else:
         values["out_dir"] = values["out_dir"] or os.path.join("out", values["phase"])
-        if os.path.exists(os.path.join(values["init_from"], "ckpt.pt")):  # a detour out_dir
-            ckpt = load_checkpoint(values["init_from"])  # its weights
+        ckpt = starting_weights(values["init_from"])
     check(values, RULES)  # again: also what a resumed or continuing run inherits
     for key in given:
         if where := where_else(key, values):
@@ -2062,6 +2085,18 @@ def resolve(argv):
     cfg = Settings(**{k: values[k] for k in DEFAULTS})
     phase_budget(cfg, phase1_tokens_of(cfg, ckpt))  # a budget below one step is refused here
     return cfg, ckpt
+
+
+def starting_weights(source):
+    """A Phase-1 run's --init_from -> a detour out_dir's checkpoint (its weights), or None (scratch,
+    an HF directory); nothing to start from is one line naming what builds the default, θ0."""
+    if os.path.exists(os.path.join(source, "ckpt.pt")):  # a detour out_dir
+        return load_checkpoint(source)
+    if source != "scratch" and not os.path.exists(os.path.join(source, "config.json")):
+        fail(f"--init_from {source}: no model there (an HF directory's config.json, or a detour "
+             f"out_dir's ckpt.pt); build the default θ0 with bash runs/theta0.sh, give a "
+             "ModernBERT directory, or --init_from scratch")
+    return None
 
 
 def config_args(argv):
@@ -2159,7 +2194,7 @@ def continued(values, given):
     source = values["init_from"]
     starts = phase1_names()
     phase1 = " or ".join(starts)
-    if source == "scratch":
+    if source == "scratch" or "init_from" not in given:
         fail(f"--phase {values['phase']} starts from a Phase-1 checkpoint ({phase1}); pass "
              f"--init_from out/{starts[0]}")
     ckpt = load_checkpoint(source)

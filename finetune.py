@@ -7,7 +7,7 @@ Replicates of one arm are joined with "+" (--ckpts A1+A2,B1+B2); the statistics'
 replicate) pair. The tasks (files, kinds, encoding, metrics): data/tasks.py. Why the detour works
 (CKA, weight drift, transplants): studies/analysis.py.
 
-  python finetune.py                       # out/clm-decay vs out/mlm-decay, default tasks
+  python finetune.py                       # out/clm-decay vs out/mlm-decay (and θ0), default tasks
   python finetune.py --ckpts A1+A2,B1+B2 --tasks chem=ner:../shared/bio/ner/BC5CDR-chem-IOB
   python finetune.py --probe true          # linear probing: frozen encoder, head only
   python finetune.py --shard 0/4 ... --shard 3/4  # a quarter of the cells each (a GPU each)
@@ -41,11 +41,13 @@ from detour import fail
 # ---- The protocol. Its values are the paper's; the CPU default below shortens them. ----
 @dataclass(frozen=True)
 class Protocol:
-    ckpts: str = "out/clm-decay,out/mlm-decay"  # the two twins' final checkpoints; those that exist
+    ckpts: str = "out/clm-decay,out/mlm-decay,out/theta0"  # the twins' final checkpoints (the
+                                    # first minus the second), then θ0, where both started: a
+                                    # reference row; those that exist
     tasks: str = "default"          # comma-separated name=kind:path[@max_len], or `default`
     out_dir: str = "out/finetune"   # results.md / results.json
     tasks_dir: str = "data/tasks"   # where the embedded default tasks are written (once)
-    pretrain_dir: str = "data/default"  # default-task text seen in its pretraining text: dropped
+    pretrain_dir: str = "data/world/bio"  # default-task text seen in pretraining text: dropped
     # protocol (paper)
     protocol: str = ""              # a preset, paper-en | paper-fr (PRESETS, below); options win
     learning_rate: float = 5e-5     # peak lr, AdamW

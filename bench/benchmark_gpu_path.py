@@ -119,7 +119,7 @@ def hook(cfg, *a, **k):  # called once at the start of every step: the graphs co
     return lr_at(cfg, *a, **k)
 detour.lr_at = hook
 for phase in ("mlm", "clm"):
-    detour.main(["--data_dir", data, "--phase", phase, "--preset", "tiny", "--seq_len", "32", "--batch_size", "2",
+    detour.main(["--data_dir", data, "--phase", phase, "--init_from", "scratch", "--preset", "tiny", "--seq_len", "32", "--batch_size", "2",
                  "--global_batch_size", "2", "--max_tokens", str(20 * 64), "--learning_rate", "3e-3",
                  "--warmup_tokens", "1024", "--progress", "false", "--eval_interval", "1000", "--eval_tokens", "64",
                  "--ckpt_interval", "1000", "--compile", "true", "--out_dir", os.path.join(sys.argv[2], phase)])

@@ -164,7 +164,7 @@ def baseline_code(rev, directory):
 def startup(data_dir, out_dir):
     """Wall time of a one-step detour.py run (imports, model, data, one step, checkpoint)."""
     cmd = [sys.executable, os.path.join(ROOT, "detour.py"), "--data_dir", data_dir, "--out_dir", out_dir,
-           "--overwrite", "true", "--preset", "tiny", "--seq_len", "128", "--batch_size", "2",
+           "--overwrite", "true", "--init_from", "scratch", "--preset", "tiny", "--seq_len", "128", "--batch_size", "2",
            "--global_batch_size", "2", "--max_tokens", "256", "--progress", "false", "--eval_interval", "1000000",
            "--warmup_tokens", "0"]
     t0 = time.time()

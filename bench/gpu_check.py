@@ -327,7 +327,7 @@ def check_training_run(report, device, workdir, compile_=True):
     HF export) against the same run eager with sdpa; then the export loads back. On CUDA the
     varlen run must not fall back (no warning line) and must not recompile after its first step."""
     data = write_tiny_data(os.path.join(workdir, "data"))
-    base = ["--data_dir", data, "--phase", "clm", "--preset", "tiny", "--seq_len", "256", "--batch_size", "4",
+    base = ["--data_dir", data, "--phase", "clm", "--init_from", "scratch", "--preset", "tiny", "--seq_len", "256", "--batch_size", "4",
             "--global_batch_size", "8", "--max_tokens", str(6 * 8 * 256), "--learning_rate", "1e-3",
             "--warmup_tokens", "2048", "--progress", "false", "--log_interval", "1", "--eval_interval", "1000",
             "--eval_tokens", "2048", "--device", str(device), "--dtype", "bfloat16"]
@@ -579,7 +579,7 @@ def check_ddp(report, device_type, workdir, nproc=2, dtypes=("float32", "bfloat1
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     steps, per_rank = 8, 8
     for dtype in dtypes:
-        args = ["--data_dir", data, "--phase", "mlm", "--preset", preset, "--seq_len", str(seq_len),
+        args = ["--data_dir", data, "--phase", "mlm", "--init_from", "scratch", "--preset", preset, "--seq_len", str(seq_len),
                 "--batch_size", str(per_rank), "--global_batch_size", str(per_rank * nproc),
                 "--max_tokens", str(steps * per_rank * nproc * seq_len), "--learning_rate", "1e-3",
                 "--warmup_tokens", str(2 * per_rank * nproc * seq_len), "--progress", "false", "--log_interval", "1",

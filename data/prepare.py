@@ -1,13 +1,19 @@
 """Turn documents into a tokenizer and a packed token stream for training.
 
-    python data/prepare.py                          # generated corpus -> data/default/
+    python data/prepare.py                  # the default pair -> data/world/general/ and bio/
+    python data/prepare.py --register bio   # the generated biomedical corpus alone -> data/default/
     python data/prepare.py --register general --name general_world  # generated everyday English
     python data/prepare.py --input pubmed.jsonl --name pubmed
     python data/prepare.py --input notes.txt --group_tokens 256 --tokenizer tokenizer.json
     python data/prepare.py --input pubmed/ --name pubmed --tokenizer tokenizer.json  # shards
     python data/prepare.py --input 'baseline/pubmed25n*.xml.gz' --name pubmed  # NLM's PubMed XML
 
-Output directory (data/NAME/ or --out_dir):
+Without --input, the default (--register pair) writes the setting of the paper in miniature: a
+general corpus (everyday English) in data/world/general/ with a tokenizer trained on it, as
+ModernBERT's was trained on general text, then the biomedical corpus in data/world/bio/ cut with
+that tokenizer: the general encoder θ0 learns on the first, the twins continue it on the second.
+
+Output directory (data/NAME/ or --out_dir; for the pair, its general/ and bio/):
     tokenizer.json    byte-level BPE (trained here unless --tokenizer is given)
     train.bin         flat uint16/uint32 token ids, for np.memmap
     val.bin           the same for the held-out documents
@@ -66,6 +72,10 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256
 DEFAULT_N_DOCS = 20000  # about 2.6M tokens with the default 8192-token vocabulary
 DEFAULT_WORLD_SEED = 1234
+# The default without --input: both registers, the general one first (its tokenizer cuts the bio
+# one), each into its own directory under data/world/ (or --out_dir), named by the register.
+PAIR = "pair"
+PAIR_NAME = "world"
 # A trained tokenizer learns from the train documents among the input's first 256 MB of text:
 # BPE's merges settle long before that, and its memory grows with the sample. A smaller input is
 # used whole.
@@ -91,7 +101,7 @@ RULES = dict(  # checked by main
     world_seed=NON_NEGATIVE,
     group_tokens=(lambda v: v is None or v > 0, "> 0"),
     tokenizer_sample_mb=POSITIVE,
-    register=one_of(*world.REGISTERS),
+    register=one_of(PAIR, *world.REGISTERS),
 )
 # When each option acts, in one place: an option given on the command line that does not act in
 # this run is refused in one line (check_acting), even at its default value, for the record is
@@ -102,8 +112,18 @@ RULES = dict(  # checked by main
 GENERATED = "the generated corpus"
 WITHOUT_INPUT = (lambda args, kinds: not args.input, "--input")
 WITHOUT_TOKENIZER = (lambda args, kinds: args.tokenizer is None, "--tokenizer")
+
+
+def is_pair(args):
+    """The default generated pair: no --input, --register pair."""
+    return not args.input and args.register == PAIR
+
+
 ACTS = dict(
-    input=None, out_dir=None, tokenizer=None, val_fraction=None, seed=None,
+    input=None, out_dir=None, val_fraction=None, seed=None,
+    tokenizer=(lambda args, kinds: not is_pair(args), "--register pair",
+               "the pair's tokenizer is trained on its general corpus",
+               "drop --tokenizer, or give --register bio or general"),
     group_tokens=(lambda args, kinds: ".txt" in kinds, "{input}",
                   "it joins the lines of .txt files into documents",
                   "drop --group_tokens, or give .txt input"),
@@ -750,10 +770,12 @@ def arguments():
     p.add_argument("--group_tokens", type=int, default=None,
                    help="for .txt: join consecutive lines into documents of about N words "
                         "(default: none, a line each)")
-    p.add_argument("--name", default="default",
-                   help="output goes to data/NAME/, without --out_dir (default: %(default)s)")
+    p.add_argument("--name", default=None,
+                   help=f"output goes to data/NAME/, without --out_dir (default: {PAIR_NAME} for "
+                        "the pair, else default)")
     p.add_argument("--out_dir", default=None,
-                   help="output directory, instead of data/NAME/ (default: none)")
+                   help="output directory, instead of data/NAME/; the pair writes its general/ "
+                        "and bio/ in it (default: none)")
     p.add_argument("--tokenizer", default=None,
                    help="use this tokenizer.json (default: none, train one of --vocab_size on the "
                         "input)")
@@ -771,10 +793,11 @@ def arguments():
                    help="generated documents, without --input (default: %(default)s)")
     p.add_argument("--world_seed", type=int, default=DEFAULT_WORLD_SEED,
                    help="seed of the generated corpus, without --input (default: %(default)s)")
-    p.add_argument("--register", default="bio",
+    p.add_argument("--register", default=PAIR,
                    help="register of the generated corpus, without --input: bio (clinical notes "
-                        "and PubMed-style abstracts) or general (everyday English: stories, local "
-                        "news, letters) (default: %(default)s)")
+                        "and PubMed-style abstracts), general (everyday English: stories, local "
+                        "news, letters), or pair: general into NAME/general/ with its tokenizer, "
+                        "then bio into NAME/bio/ cut with it (default: %(default)s)")
     p.error = usage_error
     return p
 
@@ -807,20 +830,35 @@ def check_acting(args, given, kinds):
 def main(argv=None):
     args = arguments().parse_args(argv)
     check(vars(args), RULES, "data/prepare.py")
-    out_dir = args.out_dir or os.path.join(HERE, args.name)
+    name = args.name or (PAIR_NAME if is_pair(args) else "default")
+    out_dir = args.out_dir or os.path.join(HERE, name)
     t0 = time.time()
     # The input files are listed (not read) before the check: --group_tokens acts on their kinds.
     docs = Corpus(args.input, args.group_tokens, out_dir) if args.input else None
     kinds = {format_of(f) for f in docs.files} if docs else {GENERATED}
     check_acting(args, given_options(argv), kinds)
+    if is_pair(args):  # the general corpus and its tokenizer, then the bio corpus cut with it
+        check_out_dir(out_dir)
+        general = os.path.join(out_dir, "general")
+        generated(args, "general", general, None)
+        return generated(args, "bio", os.path.join(out_dir, "bio"),
+                         os.path.join(general, "tokenizer.json"))
     if docs:
         source = " ".join(args.input)
-    else:
-        docs = world.corpus(args.n_docs, args.world_seed, args.register)
-        # The call that made them; the default register, bio, as world.corpus's default.
-        register = "" if args.register == "bio" else f", register={args.register!r}"
-        source = f"generated:world.corpus({args.n_docs}, {args.world_seed}{register})"
-    meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction, args.seed,
+        meta = prepare(docs, out_dir, args.tokenizer, args.vocab_size, args.val_fraction,
+                       args.seed, source, args.tokenizer_sample_mb)
+        return print(summary(meta, out_dir, time.time() - t0))
+    return generated(args, args.register, out_dir, args.tokenizer)
+
+
+def generated(args, register, out_dir, tokenizer):
+    """The generated corpus of one register (data/world.py) into out_dir."""
+    t0 = time.time()
+    docs = world.corpus(args.n_docs, args.world_seed, register)
+    # The call that made them; the bio register is world.corpus's default.
+    named = "" if register == "bio" else f", register={register!r}"
+    source = f"generated:world.corpus({args.n_docs}, {args.world_seed}{named})"
+    meta = prepare(docs, out_dir, tokenizer, args.vocab_size, args.val_fraction, args.seed,
                    source, args.tokenizer_sample_mb)
     print(summary(meta, out_dir, time.time() - t0))
 

@@ -228,8 +228,9 @@ def theta0_chain(a, out):
     """θ0: MLM on the general corpus from scratch, then its decay; built once (not rerun for an
     edit of detour.py: it is the fixed encoder the ablation continues, as ModernBERT-base is)."""
     mlm = os.path.join(out, "theta0-mlm")
-    args = dict(phase="mlm", preset=a.preset, data_dir=corpus_of(out, "general"),
-                max_tokens=a.theta0_tokens, **THETA0, out_dir=mlm)
+    args = dict(phase="mlm", init_from="scratch", preset=a.preset,
+                data_dir=corpus_of(out, "general"), max_tokens=a.theta0_tokens, **THETA0,
+                out_dir=mlm)
     decay = dict(phase="decay", init_from=mlm, progress=False, out_dir=mlm + "-decay")
     general = os.path.join(out, "data", "general.json")
     return [Run("theta0-mlm", args, THETA0_THREADS, (general,), code=False),

@@ -21,7 +21,7 @@ def tiny_data(tmp_path):
 
 
 # Small, fast training settings shared by the training tests.
-TINY_RUN = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8",
+TINY_RUN = ["--init_from", "scratch", "--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8",
             "--learning_rate", "3e-3", "--warmup_tokens", "1024", "--progress", "false",
             "--eval_interval", "4", "--eval_tokens", "1024", "--log_interval", "1", "--grad_clip", "1.0"]
 
@@ -35,5 +35,7 @@ def without(args, *keys):
     return kept
 
 
-TINY_INIT = without(TINY_RUN, "--preset")  # from a checkpoint or an HF directory: it brings its shape
-TINY_DECAY = without(TINY_RUN, "--preset", "--warmup_tokens")  # a decay: Phase 1's keys do not act
+# from a checkpoint or an HF directory (the test's --init_from): it brings its shape
+TINY_INIT = without(TINY_RUN, "--init_from", "--preset")
+# a decay (the test's --init_from): Phase 1's keys do not act
+TINY_DECAY = without(TINY_RUN, "--init_from", "--preset", "--warmup_tokens")

@@ -29,7 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
-SHELL = sorted((ROOT / "studies").glob("*.sh")) + sorted((ROOT / "studies").rglob("*.sbatch"))
+SHELL = (sorted((ROOT / "studies").glob("*.sh")) + sorted((ROOT / "studies").rglob("*.sbatch"))
+         + sorted((ROOT / "runs").glob("*.sh")))
 # Flags of the tools that the documents and scripts call besides this repository's scripts: a --flag in a bash
 # block or a study script must be one of these when the tool appears there, or a flag of a script it runs.
 EXTERNAL = {

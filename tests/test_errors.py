@@ -17,7 +17,7 @@ from data import prepare
 from studies import analysis
 from conftest import ROOT
 
-TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
+TINY = ["--init_from", "scratch", "--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
         "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--max_tokens", "2048"]
 PROGRAMS = {"detour": (detour.main, "detour.py"), "prepare": (prepare.main, "data/prepare.py"),
             "finetune": (ft.main, "finetune.py"), "analysis": (analysis.main, "studies/analysis.py")}
@@ -29,7 +29,7 @@ def env(tmp_path_factory):
     """A dataset prepared by data/prepare.py, a tiny clm run on it, and broken copies of its files."""
     root = str(tmp_path_factory.mktemp("bad"))
     data, out = os.path.join(root, "data"), os.path.join(root, "clm")
-    prepare.main(["--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    prepare.main(["--register", "bio", "--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
     detour.main(["--data_dir", data, "--out_dir", out, *TINY])
 
     def copy(name, broken):  # the dataset with one file replaced by `broken` bytes
@@ -110,7 +110,7 @@ ROWS = [
     ("detour", "--out_dir {root}/ok.txt/sub", "cannot create the directory ", "cli"),
     ("decay", "--phase decay --init_from {out} --decay_tokens 100", "--decay_tokens 100 is less than one optimizer", ""),
     ("prepare", "--input {root}/latin1.txt", "latin1.txt is not UTF-8 text", "cli"),
-    ("prepare", "--n_docs 50 --tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the", ""),
+    ("prepare", "--register bio --n_docs 50 --tokenizer {root}/tokenizer.json", "tokenizer.json is not a tokenizer.json the", ""),
     ("prepare", "--vocab_size 0", "--vocab_size 0 must be >= 261", ""),
     ("prepare", "--val_fraction 1", "--val_fraction 1.0 must be in (0, 1)", ""),
     ("prepare", "--n_docs 1", "--n_docs 1 must be >= 2", ""),
@@ -120,13 +120,15 @@ ROWS = [
     ("prepare", "--n_docs 50 --out_dir {root}/ok.txt/data", "ok.txt/data is under ", "cli"),
     ("prepare", "--n_docs 50 --out_dir {root}/ok.txt/a/b", "ok.txt, which is a file; give a directory path", ""),
     ("prepare", "--input {root}/missing.txt", "missing.txt; check the --input path", "cli"),
-    ("prepare", "--n_docs 50 --tokenizer {root}/task", "task is a directory; give the tokenizer.json file in it", ""),
+    ("prepare", "--register bio --n_docs 50 --tokenizer {root}/task", "task is a directory; give the tokenizer.json file in it", ""),
     # an option given that does not act in this run (prepare.ACTS), and an input read twice or its own output
     ("prepare", "--input {root}/ok.txt --n_docs 50", "--n_docs does not act with --input", "cli"),
     ("prepare", "--n_docs 50 --group_tokens 9", "--group_tokens does not act with the generated corpus", ""),
-    ("prepare", "--n_docs 50 --tokenizer {data}/tokenizer.json --vocab_size 300", "--vocab_size does not act with", ""),
+    ("prepare", "--register bio --n_docs 50 --tokenizer {data}/tokenizer.json --vocab_size 300", "--vocab_size does not act with", ""),
     ("prepare", "--input {root}/ok.txt {data}/../ok.txt", "/ok.txt twice (", ""),
     ("prepare", "--input {data}/val.txt", "/data/val.txt is a file this run writes", ""),
+    ("prepare", "--n_docs 50 --tokenizer {data}/tokenizer.json", "--tokenizer does not act with --register pair (the pair's "
+     "tokenizer is trained on its general corpus); drop --tokenizer, or give --register bio or general", ""),
     ("finetune", "--seeds 0", "--seeds 0 must be > 0", "cli"),
     ("finetune", "--epochs 0", "--epochs 0 must be > 0", ""),
     ("finetune", "--ner_epochs -1", "--ner_epochs -1 must be > 0", ""),

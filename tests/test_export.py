@@ -12,7 +12,7 @@ import torch
 import detour
 from data import prepare
 
-TINY = ["--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
+TINY = ["--init_from", "scratch", "--preset", "tiny", "--seq_len", "64", "--batch_size", "4", "--global_batch_size", "8", "--progress", "false",
         "--eval_interval", "4", "--eval_tokens", "512", "--warmup_tokens", "512", "--learning_rate", "3e-3"]
 
 
@@ -21,7 +21,7 @@ def runs(tmp_path_factory):
     """data/prepare.py on 300 generated documents, a tiny clm run on it and its decay."""
     root = str(tmp_path_factory.mktemp("export"))
     data, clm = os.path.join(root, "data"), os.path.join(root, "clm")
-    prepare.main(["--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    prepare.main(["--register", "bio", "--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
     detour.main(["--data_dir", data, "--out_dir", clm, "--max_tokens", "4096", *TINY])
     detour.main(["--phase", "decay", "--init_from", clm, "--decay_tokens", "1024", "--progress", "false"])
     return dict(data=data, clm=clm, decay=clm + "-decay")
@@ -68,18 +68,23 @@ def test_samples_are_printed_and_deterministic(runs, capsys):
 
 
 def test_quick_start_at_toy_size(tmp_path):
-    """The README's quick start, as a user runs it (prepare with no corpus given, then clm, then decay,
-    every constant at its default), shrunk to a toy corpus and budget: the defaults fit together."""
+    """The README's quick start, as a user runs it (prepare with no corpus given: the general and the bio corpus;
+    runs/theta0.sh; then clm from θ0, then decay, every other constant at its default), shrunk to a toy corpus and
+    budget: the defaults fit together, and the CLM run scores θ0 on the bio text before its first step."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     data, clm = str(tmp_path / "data"), str(tmp_path / "clm")
     budget = 10 * detour.DEFAULTS["global_batch_size"] * detour.DEFAULTS["seq_len"]  # ten optimizer steps
+    theta0 = dict(DATA=data, OUT=str(tmp_path))  # runs/theta0.sh's paths; ten steps of θ0's MLM, one of its decay
     commands = [["data/prepare.py", "--n_docs", "200", "--val_fraction", "0.05", "--out_dir", data],
-                ["detour.py", "--phase", "clm", "--data_dir", data, "--out_dir", clm, "--max_tokens", str(budget)],
+                ["runs/theta0.sh", "--max_tokens", "40960"],
+                ["detour.py", "--phase", "clm", "--data_dir", os.path.join(data, "bio"), "--init_from",
+                 str(tmp_path / "theta0" / "hf"), "--out_dir", clm, "--max_tokens", str(budget)],
                 ["detour.py", "--phase", "decay", "--init_from", clm]]
     outputs = []
     for argv in commands:
-        done = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        launcher = ["bash"] if argv[0].endswith(".sh") else [sys.executable]
+        done = subprocess.run([*launcher, *argv], cwd=root, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **theta0})
         assert done.returncode == 0, done.stderr[-2000:]
         outputs.append(done.stdout)
     for run, phase in ((clm, "clm"), (clm + "-decay", "decay")):
@@ -87,4 +92,8 @@ def test_quick_start_at_toy_size(tmp_path):
             last = [json.loads(line) for line in f][-1]
         assert {"val_loss", "val_acc", "val_unigram"} <= set(last)  # every loss next to its unigram
         assert os.path.exists(os.path.join(run, "hf", "model.safetensors"))
-    assert outputs[1].count("sample (clm, greedy): ") == 2 and outputs[2].count("top-3 fills") == 2
+    assert outputs[2].count("sample (clm, greedy): ") == 2 and outputs[3].count("top-3 fills") == 2
+    with open(os.path.join(clm, "log.jsonl")) as f:
+        start = json.loads(f.readline())  # θ0 on the bio text, scored as the decays are, beside its unigram
+    assert set(start) == {"step", "tokens", "start_val_loss", "start_val_acc", "start_val_unigram"}
+    assert start["step"] == 0 and f"{start['start_val_loss']:.4f} (unigram" in outputs[2]

@@ -782,7 +782,7 @@ def test_every_option_says_when_it_acts():
      "corpus); drop --n_docs, or drop --input"),
     (["--input", "{d}/docs.jsonl", "--world_seed", "3"], "--world_seed does not act with --input"),
     # at its default value, in the --key=value form: given is given
-    (["--tokenizer", "{d}/tok.json", f"--vocab_size={8192}"], "--vocab_size does not act with --tokenizer (it sizes a "
+    (["--register", "bio", "--tokenizer", "{d}/tok.json", f"--vocab_size={8192}"], "--vocab_size does not act with --tokenizer (it sizes a "
      "tokenizer trained here); drop --vocab_size, or drop --tokenizer to train one"),
     (["--input", "{d}/docs.jsonl", "--tokenizer", "{d}/tok.json", "--tokenizer_sample", "1"],  # argparse's prefix
      "--tokenizer_sample_mb does not act with --tokenizer"),
@@ -885,7 +885,30 @@ def test_prepare_writes_the_general_register_on_request(tmp_path):
     assert meta["source"] == "generated:world.corpus(300, 1234, register='general')"
     docs = [prepare.clean(d) for d in world.corpus(300, 1234, "general")]
     assert set((tmp_path / "g" / "val.txt").read_text().splitlines()) <= set(docs)
-    prepare.main(["--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "b")])
+    prepare.main(["--register", "bio", "--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "b")])
     assert json.loads((tmp_path / "b" / "meta.json").read_text())["source"] == "generated:world.corpus(300, 1234)"
     one_line_error(["--register", "news", "--out_dir", str(tmp_path / "n")],
-                   re.escape("--register 'news' must be one of bio | general"))
+                   re.escape("--register 'news' must be one of pair | bio | general"))
+
+
+def test_the_default_pair_is_the_general_corpus_and_the_bio_corpus_cut_with_its_tokenizer(tmp_path):
+    """No --input, no --register: the general corpus with a tokenizer trained on it (as ModernBERT's, on general
+    text), then the bio corpus cut with that tokenizer, each what --register writes alone; --name and --out_dir
+    name the directory that holds both."""
+    out = tmp_path / "pair"
+    prepare.main(["--n_docs", "300", "--vocab_size", "400", "--out_dir", str(out)])
+    assert sorted(os.listdir(out)) == ["bio", "general"]
+    general = json.loads((out / "general" / "meta.json").read_text())
+    bio = json.loads((out / "bio" / "meta.json").read_text())
+    assert general["source"] == "generated:world.corpus(300, 1234, register='general')"
+    assert bio["source"] == "generated:world.corpus(300, 1234)"
+    assert (out / "bio" / "tokenizer.json").read_bytes() == (out / "general" / "tokenizer.json").read_bytes()
+    # each is byte for byte what its register alone writes (the bio one given the general tokenizer)
+    prepare.main(["--register", "general", "--n_docs", "300", "--vocab_size", "400", "--out_dir", str(tmp_path / "g")])
+    prepare.main(["--register", "bio", "--n_docs", "300", "--tokenizer", str(out / "general" / "tokenizer.json"),
+                  "--out_dir", str(tmp_path / "b")])
+    for name, alone in (("general", "g"), ("bio", "b")):
+        for f in ("train.bin", "val.bin", "tokenizer.json"):
+            assert (out / name / f).read_bytes() == (tmp_path / alone / f).read_bytes(), (name, f)
+    # the bio text is cut with a tokenizer that never saw it: more tokens per character than the general text
+    assert bio["n_train_tokens"] / bio["n_chars"] > general["n_train_tokens"] / general["n_chars"]

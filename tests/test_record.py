@@ -37,7 +37,7 @@ def phase1(tmp_path_factory):
     """Prepared data (with its tokenizer) and a finished tiny CLM run on it."""
     root = tmp_path_factory.mktemp("record")
     data = str(root / "data")
-    prepare.main(["--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    prepare.main(["--register", "bio", "--n_docs", "300", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
     out = str(root / "clm")
     detour.main(["--data_dir", data, "--phase", "clm", "--max_tokens", "4096", "--out_dir", out, *TINY_RUN])
     return dict(root=root, data=data, out=out)

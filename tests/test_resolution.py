@@ -35,7 +35,7 @@ def test_the_saved_copy_runs_alone(tmp_path):
     the path) beside a dataset data/prepare.py wrote (with its tokenizer), runs a short CLM phase,
     a decay, and writes the HF export of each, tokenizer files included."""
     data = str(tmp_path / "data")
-    prepare.main(["--n_docs", "200", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
+    prepare.main(["--register", "bio", "--n_docs", "200", "--vocab_size", "512", "--val_fraction", "0.05", "--out_dir", data])
     first = str(tmp_path / "first")
     detour.main(["--data_dir", data, *ARGS, "--max_tokens", "1024", "--out_dir", first])
     alone = tmp_path / "alone"

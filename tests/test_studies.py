@@ -146,26 +146,31 @@ def expected(study, v):
         tr = "OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=1 detour.py"
         ft = "OMP_NUM_THREADS=1 python finetune.py"
         an = "OMP_NUM_THREADS=1 python studies/analysis.py"
-        return (["python data/prepare.py"]
-                + chain(v, "clm", "", "clm", "out", tr) + chain(v, "mlm", "", "mlm", "out", tr)
-                + chain(v, "clm", "--seed 18 --data_seed 43", "clm-r2", "out", tr)
-                + chain(v, "mlm", "--seed 18 --data_seed 43", "mlm-r2", "out", tr)
-                + chain(v, "mlm", "--init_from out/mlm/init --seed 18", "mlm-s18", "out", tr)
-                + chain(v, "clm", "--freeze_layers 0-1", "clm-freeze-low", "out", tr)
-                + chain(v, "clm", "--freeze_layers 2-3", "clm-freeze-mid", "out", tr)
-                + [f"{tr} --phase decay --init_from out/clm --freeze_layers 0-1 --out_dir out/clm-decay-freeze-low{OW}"]
-                + [f"{tr} --phase decay --init_from out/{a} --decay_ratio {r} --out_dir out/{a}-decay-{r}{OW}"
+        o = "out/from-scratch"
+        # detour.py's defaults when the study was made (the default is now θ0 continued): pinned
+        start = "--data_dir data/default --batch_size 4 --global_batch_size 4 --learning_rate 2e-3 --max_tokens 1000000"
+        old = f"--init_from scratch --preset small {start}"
+        pd = " --pretrain_dir data/default"  # the default tasks drop data/default's text
+        return (["python data/prepare.py --register bio"]
+                + chain(v, "clm", old, "clm", o, tr) + chain(v, "mlm", old, "mlm", o, tr)
+                + chain(v, "clm", f"{old} --seed 18 --data_seed 43", "clm-r2", o, tr)
+                + chain(v, "mlm", f"{old} --seed 18 --data_seed 43", "mlm-r2", o, tr)
+                + chain(v, "mlm", f"{start} --init_from {o}/mlm/init --seed 18", "mlm-s18", o, tr)
+                + chain(v, "clm", f"{old} --freeze_layers 0-1", "clm-freeze-low", o, tr)
+                + chain(v, "clm", f"{old} --freeze_layers 2-3", "clm-freeze-mid", o, tr)
+                + [f"{tr} --phase decay --init_from {o}/clm --freeze_layers 0-1 --out_dir {o}/clm-decay-freeze-low{OW}"]
+                + [f"{tr} --phase decay --init_from {o}/{a} --decay_ratio {r} --out_dir {o}/{a}-decay-{r}{OW}"
                    for r in ("0.025", "0.1", "0.2", "0.5") for a in ("clm", "mlm")]
-                + [f"{ft} --ckpts out/clm-decay+out/clm-r2-decay,out/mlm-decay+out/mlm-r2-decay",
-                   f"{an} --analysis cka --ckpts out/clm-decay,out/mlm-decay,out/mlm-s18-decay "
-                   "--out_dir out/analysis/cka-s18",
-                   f"{an} --analysis drift --ckpts out/clm,out/mlm/init --out_dir out/analysis/drift-clm",
-                   f"{an} --analysis drift --ckpts out/mlm,out/mlm/init --out_dir out/analysis/drift-mlm",
-                   f"{ft} --ckpts out/clm-decay,out/clm-freeze-low-decay,out/clm-freeze-mid-decay,"
-                   "out/clm-decay-freeze-low,out/mlm-decay --out_dir out/finetune/freeze"]
-                + [f"{an} --analysis transplant --ckpts out/clm-decay,out/mlm-decay --layers {g} "
-                   "--out_dir out/analysis/clm-into-mlm" for g in ("0-1", "2-3", "4-5", "attn", "mlp")]
-                + [f"{ft} --ckpts out/clm-decay-{r},out/mlm-decay-{r} --out_dir out/finetune/decay-{r}"
+                + [f"{ft} --ckpts {o}/clm-decay+{o}/clm-r2-decay,{o}/mlm-decay+{o}/mlm-r2-decay --out_dir {o}/finetune{pd}",
+                   f"{an} --analysis cka --ckpts {o}/clm-decay,{o}/mlm-decay,{o}/mlm-s18-decay "
+                   f"--out_dir {o}/analysis/cka-s18{pd}",
+                   f"{an} --analysis drift --ckpts {o}/clm,{o}/mlm/init --out_dir {o}/analysis/drift-clm",
+                   f"{an} --analysis drift --ckpts {o}/mlm,{o}/mlm/init --out_dir {o}/analysis/drift-mlm",
+                   f"{ft} --ckpts {o}/clm-decay,{o}/clm-freeze-low-decay,{o}/clm-freeze-mid-decay,"
+                   f"{o}/clm-decay-freeze-low,{o}/mlm-decay --out_dir {o}/finetune/freeze{pd}"]
+                + [f"{an} --analysis transplant --ckpts {o}/clm-decay,{o}/mlm-decay --layers {g} "
+                   f"--out_dir {o}/analysis/clm-into-mlm{pd}" for g in ("0-1", "2-3", "4-5", "attn", "mlp")]
+                + [f"{ft} --ckpts {o}/clm-decay-{r},{o}/mlm-decay-{r} --out_dir {o}/finetune/decay-{r}{pd}"
                    for r in ("0.025", "0.1", "0.2", "0.5")])
     if study == "bio_cpu":
         F = v["F"]
@@ -242,7 +247,7 @@ def test_study_script(tree, study):
     p, second = run(tree, study)
     assert p.returncode == 0, p.stderr[-3000:]
     assert training(second) == []
-    times = (tree[0] / ("out" if study == "from_scratch" else "out/bio") / "times.txt").read_text()
+    times = (tree[0] / ("out/from-scratch" if study == "from_scratch" else "out/bio") / "times.txt").read_text()
     assert "detour.py" in times
 
 
