@@ -48,16 +48,16 @@ def phase1(tmp_path_factory):
 @pytest.mark.parametrize("kind,argv,match", [
     ("Phase 1's key on a decay", ["--phase", "decay", "--init_from", "{out}", "--max_tokens", "9999"],
      "--max_tokens does not act in this run (it acts in --phase clm | mlm)"),
-    ("the decay's key on Phase 1", ["--phase", "clm", "--decay_ratio", "0.2"],
+    ("the decay's key on Phase 1", ["--phase", "clm", "--init_from", "scratch", "--decay_ratio", "0.2"],
      "--decay_ratio does not act in this run (it acts in --phase decay)"),
-    ("MLM's key on CLM", ["--phase", "clm", "--mlm_rate", "0.4"], "--mlm_rate does not act in this run"),
+    ("MLM's key on CLM", ["--phase", "clm", "--init_from", "scratch", "--mlm_rate", "0.4"], "--mlm_rate does not act in this run"),
     ("a shape with a checkpoint", ["--phase", "clm", "--init_from", "{out}", "--preset", "small"],
      "--preset does not act in this run (it acts with --init_from scratch"),
     ("a key another key overrides", ["--phase", "decay", "--init_from", "{out}", "--decay_tokens", "1024",
                                      "--decay_ratio", "0.2"], "--decay_ratio does not act in this run"),
     ("a key of a start on a resume", ["--init_from", "resume", "--out_dir", "{out}", "--overwrite", "true"],
      "--overwrite does not act in this run (it acts when a run starts"),
-    ("a tracker's key without the tracker", ["--phase", "clm", "--wandb_project", "p"],
+    ("a tracker's key without the tracker", ["--phase", "clm", "--init_from", "scratch", "--wandb_project", "p"],
      "--wandb_project does not act in this run (it acts with --wandb_log true)"),
 ])
 def test_a_given_key_that_does_not_act_is_refused(phase1, kind, argv, match):
@@ -400,3 +400,50 @@ def test_a_resumed_key_this_file_lacks_is_said(phase1, tmp_path, capsys):
     torch.save(ckpt, path)
     detour.main(["--init_from", "resume", "--out_dir", out, "--progress", "false"])
     assert f"{out}'s configuration has old_knob, which this file does not" in capsys.readouterr().out
+
+
+# ---- 8. continued pretraining is the default: θ0 scored before, nothing started from nothing ----
+
+def test_a_run_from_trained_weights_scores_them_first_as_every_decay_is_scored(phase1, tmp_path, capsys):
+    """A Phase-1 run from an encoder (θ0's HF export here: phase1's) records it at step 0 on this data by the
+    decay's objective, beside the unigram, before training it; the figures are the decay's own evaluation of the
+    same weights (same windows, same masks). A run from scratch and a resume score nothing at step 0."""
+    theta0 = os.path.join(phase1["out"], "hf")
+    out = str(tmp_path / "clm")
+    detour.main(["--data_dir", phase1["data"], "--phase", "clm", "--init_from", theta0, "--max_tokens", "2048",
+                 "--out_dir", out, *TINY_INIT])
+    start = records(out)[0]
+    assert set(start) == {"step", "tokens", "start_val_loss", "start_val_acc", "start_val_unigram"}
+    assert start["step"] == 0 and records(out)[1]["step"] > 0
+    printed = capsys.readouterr().out
+    assert (f"step 0: {theta0} on this data, before clm: val decay loss {start['start_val_loss']:.4f} (unigram "
+            f"{start['start_val_unigram']:.4f})") in printed
+    # the same weights as a decay of phase1's run evaluates them before its first step
+    cfg, ckpt = detour.resolve(["--data_dir", phase1["data"], "--phase", "decay", "--init_from", phase1["out"],
+                                "--out_dir", str(tmp_path / "decay"), "--decay_tokens", "512", *TINY_DECAY])
+    run = detour.setup(cfg, ckpt)
+    ev = detour.evaluate(run.raw_model, cfg, run)
+    assert round(ev["loss"], 5) == start["start_val_loss"] and round(ev["unigram"], 5) == start["start_val_unigram"]
+    assert not any("start_val_loss" in r for r in records(phase1["out"]))  # phase1 ran from scratch
+    stopped = str(tmp_path / "stopped")
+    detour.main(["--data_dir", phase1["data"], "--phase", "clm", "--init_from", theta0, "--max_tokens", "4096",
+                 "--out_dir", stopped, *TINY_INIT, "--ckpt_interval", "2"])
+    ckpt = torch.load(os.path.join(stopped, "ckpt.pt"), weights_only=True)
+    ckpt["step"] = 2  # as if stopped at step 2: the resume starts there, and θ0 is not scored again
+    torch.save(ckpt, os.path.join(stopped, "ckpt.pt"))
+    capsys.readouterr()
+    detour.main(["--init_from", "resume", "--out_dir", stopped, "--progress", "false"])
+    assert "step 0:" not in capsys.readouterr().out
+
+
+def test_nothing_to_start_from_names_what_builds_it(phase1, tmp_path):
+    """The default --init_from is θ0's export, which runs/theta0.sh builds: where it is missing, one line says so
+    (not a missing config.json); a decay names its Phase-1 run, never the default."""
+    out = str(tmp_path / "o")
+    line = error_of(["--data_dir", phase1["data"], "--init_from", str(tmp_path / "theta0" / "hf"), "--out_dir", out,
+                     *TINY_INIT])
+    assert f"--init_from {tmp_path}/theta0/hf: no model there" in line and "bash runs/theta0.sh" in line
+    assert "--init_from scratch" in line
+    line = error_of(["--data_dir", phase1["data"], "--phase", "decay", "--out_dir", out, *TINY_DECAY])
+    assert "--phase decay starts from a Phase-1 checkpoint (clm or mlm); pass --init_from out/clm" in line
+    assert not os.path.exists(out)
