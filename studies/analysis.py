@@ -41,6 +41,8 @@ from detour import fail  # noqa: E402
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Analysis(finetune.Protocol):
+    ckpts: str = "out/clm-decay,out/mlm-decay"  # A,B[,C]: the twins (finetune.py's θ0 row is no
+                                                # seed-noise control)
     analysis: str = ""  # cka | drift | transplant
     texts: str = ""     # cka: one text per line; "" = <pretrain_dir>/val.txt (held-out text)
     layers: str = ""    # transplant: the group taken from the first checkpoint: 0-7 | 0-3,10
