@@ -88,8 +88,8 @@ decay_tokens = 0           # decay length in tokens; 0 = decay_ratio x Phase-1 t
 data_seed = 42             # data order seed (paper: 42)
 seed = 17                  # model init / masking seed (paper: 17)
 # optimizer (decoupled AdamW)
-learning_rate = 5e-4       # peak lr (paper: 2e-4 for continued pretraining of base; the tiny θ0
-                           # moves little at 2e-4 in 1,000 steps: the studies' 5e-4)
+learning_rate = 5e-4       # peak lr (paper: 2e-4, ModernBERT-base over billions of tokens; here
+                           # the studies' value for the tiny θ0 at 1,000 steps)
 warmup_tokens = 20_480     # linear warmup (20 steps here), then constant (paper: 100M)
 min_lr_ratio = 0.10        # decay ends at 10% of peak
 beta1 = 0.9
