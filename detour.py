@@ -2094,7 +2094,7 @@ def starting_weights(source):
         return load_checkpoint(source)
     if source != "scratch" and not os.path.exists(os.path.join(source, "config.json")):
         fail(f"--init_from {source}: no model there (an HF directory's config.json, or a detour "
-             f"out_dir's ckpt.pt); build the default θ0 with bash runs/theta0.sh, give a "
+             "out_dir's ckpt.pt); build the default θ0 with bash runs/theta0.sh, give a "
              "ModernBERT directory, or --init_from scratch")
     return None
 
