@@ -17,6 +17,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run as a file: the repository root, for studies.gather
+from studies import gather  # noqa: E402  (a run's last validation record, as the studies read it)
+
 SECTION = "## Quick start"
 # (row, Phase-1 run, its decay); the table's θ0 row is the CLM twin's step-0 record (score_start)
 TWINS = [("CLM detour twin", "out/clm", "out/clm-decay"), ("MLM twin", "out/mlm", "out/mlm-decay")]
@@ -58,7 +61,12 @@ def records(run_dir):
 
 
 def last_eval(run_dir):
-    return [r for r in records(run_dir) if "val_loss" in r][-1]
+    """The run's last validation record (studies/gather.py's), its absence one line."""
+    record = gather.last_eval(os.path.join(ROOT, run_dir))
+    if record is None:
+        sys.exit(f"error: {run_dir} has no validation record; run the quick start first "
+                 "(python bench/quickstart.py)")
+    return record
 
 
 def loss_table():
